@@ -1,0 +1,59 @@
+"""DARKFormer: positive random features with a learned covariance (seed darkformer-paper §4.1,
+eq. 3 and Appendix B).
+
+    x̃ = Mx,   φ(x) = exp(zᵢᵀx̃ − ‖x̃‖²/2) / √m,   E[φ(q)ᵀφ(k)] = exp(qᵀΣk),  Σ = MᵀM
+
+``M ∈ R^{r×d}`` per head is learned (init identity, so training starts from the Performer
+estimate of the softmax kernel); ``z`` are fixed i.i.d. Gaussian rows drawn from ``seed`` and
+saved as a buffer. ``init="whiten"`` marks the paper's whitening initialisation
+``M = Λ^{-½}`` (§4.1: Σ = Λ^{-1} makes Mq, Mk isotropic), where Λ is the covariance of the
+layer's (scaled) queries and keys; call :meth:`calibrate` with a sample of them (conversion
+does this when calibration data is given). Stabilised in log space like ``performer``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import FeatureMap, register_feature_map, seeded_generator
+from .performer import positive_random_features
+
+
+@register_feature_map
+class DarkformerFeatureMap(FeatureMap):
+    name = "darkformer"
+    paper = "DARKFormer §4.1 eq. 3"
+
+    def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, rank=None, init="identity"):
+        super().__init__(head_dim, num_heads, num_features=num_features, seed=seed, rank=rank, init=init)
+        self.num_features = int(num_features)
+        self.rank = self.head_dim if rank is None else int(rank)
+        if self.num_features < 1 or not 1 <= self.rank <= self.head_dim:
+            raise ValueError(f"darkformer: need num_features >= 1 and 1 <= rank <= head_dim ({self.head_dim}), "
+                             f"got {num_features} and {rank}")
+        if init not in ("identity", "whiten"):
+            raise ValueError(f"darkformer: init must be 'identity' or 'whiten', got {init!r}")
+        self.feature_dim = self.num_features
+        self.metric = nn.Parameter(torch.eye(self.rank, self.head_dim).repeat(self.num_heads, 1, 1))  # M [H,r,d]
+        z = torch.randn(self.num_heads, self.num_features, self.rank, generator=seeded_generator(seed))
+        self.register_buffer("z", z)
+
+    @torch.no_grad()
+    def calibrate(self, x, eps=1e-5):
+        """Whitening init M = Λ^{-½} per head from samples ``x [..., H, T, d]`` of scaled q/k
+        (the top-``rank`` principal directions when rank < d)."""
+        x = x.float().reshape(-1, self.num_heads, x.shape[-2], self.head_dim).transpose(0, 1)
+        x = x.reshape(self.num_heads, -1, self.head_dim)
+        x = x - x.mean(dim=1, keepdim=True)
+        cov = x.transpose(1, 2) @ x / max(x.shape[1] - 1, 1)
+        evals, evecs = torch.linalg.eigh(cov)  # ascending
+        evals, evecs = evals.flip(-1)[:, : self.rank], evecs.flip(-1)[..., : self.rank]
+        metric = evecs.transpose(1, 2) * evals.clamp_min(eps).rsqrt()[..., None]  # Λ^{-½} rows
+        if self.rank == self.head_dim:
+            metric = evecs @ metric  # symmetric square root
+        self.metric.copy_(metric.to(self.metric.dtype))
+
+    def forward(self, x, mask=None):
+        embedded = torch.einsum("bhnd,hrd->bhnr", x, self.cast(self.metric, x))
+        return positive_random_features(embedded, self.cast(self.z, x), self.num_features)

@@ -1,0 +1,32 @@
+"""Hedgehog (Zhang et al. 2024, "The Hedgehog & the Porcupine", eq. 3; METHODS.md).
+
+    φ(x) = [softmax(Wx), softmax(−Wx)] ∈ R^{2d'}   (softmax over the feature axis)
+
+``W ∈ R^{d'×d}`` per head, identity init (``feature_dim`` = d' defaults to the head dim).
+Softmax over features is bounded in (0, 1), so no stabilisation is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import FeatureMap, register_feature_map
+
+
+@register_feature_map
+class HedgehogFeatureMap(FeatureMap):
+    name = "hedgehog"
+    paper = "Hedgehog (Zhang et al. 2024) eq. 3"
+
+    def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
+        super().__init__(head_dim, num_heads, feature_dim=feature_dim)
+        width = self.head_dim if feature_dim is None else int(feature_dim)
+        if width < 1:
+            raise ValueError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
+        self.feature_dim = 2 * width
+        self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
+
+    def forward(self, x, mask=None):
+        z = torch.einsum("bhnd,hfd->bhnf", x, self.cast(self.weight, x))
+        return torch.cat([torch.softmax(z, dim=-1), torch.softmax(-z, dim=-1)], dim=-1), None

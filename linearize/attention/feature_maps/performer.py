@@ -1,0 +1,67 @@
+"""Performer FAVOR+ positive random features (Choromanski et al. 2021, Lemma 1; seed
+darkformer-paper §2 eq. 2; linear-attention tutorial).
+
+    φ(x) = exp(ωᵢᵀx − ‖x‖²/2) / √m,  i = 1..m,   E[φ(q)ᵀφ(k)] = exp(qᵀk)
+
+with ω the rows of an orthogonal Gaussian matrix (blocks of d orthogonal directions, each row
+rescaled to the norm of a Gaussian vector: "orthogonal random features", Choromanski et al.
+2021 §2.4). ω is drawn once from ``seed`` per head and kept as a buffer saved with the model;
+it is never redrawn, in training or evaluation. ``learnable=True`` makes ω a parameter: the
+learned-feature-kernel ("LFK") baseline of DARKFormer §5.
+
+Numerics: the map returns ``features = exp(log φ − s)`` and ``log_scale = s`` with
+``s = max_i log φ_i`` per token; the core drops s for queries and subtracts its max over real
+keys for keys, so no unbounded exponential is ever taken (METHODS.md, "Caveats").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import FeatureMap, register_feature_map, seeded_generator
+
+
+def orthogonal_gaussian(rows, dim, generator):
+    """``[rows, dim]`` orthogonal random features: Gaussian blocks orthogonalised by QR, each
+    row rescaled to the norm of an independent d-dimensional Gaussian vector."""
+    blocks = []
+    for _ in range(math.ceil(rows / dim)):
+        q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
+        blocks.append(q.T)
+    directions = torch.cat(blocks, dim=0)[:rows]
+    norms = torch.randn(rows, dim, generator=generator).norm(dim=1, keepdim=True)
+    return directions * norms
+
+
+def positive_random_features(x, omega, num_features):
+    """FAVOR+ in log space: ``(exp(log φ − s), s)`` for ``x [B,H,N,r]``, ``omega [H,m,r]``."""
+    log_phi = (torch.einsum("bhnd,hmd->bhnm", x, omega)
+               - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - 0.5 * math.log(num_features))
+    shift = log_phi.amax(dim=-1, keepdim=True)
+    return torch.exp(log_phi - shift), shift
+
+
+@register_feature_map
+class PerformerFeatureMap(FeatureMap):
+    name = "performer"
+    paper = "Performer FAVOR+ (Choromanski et al. 2021)"
+
+    def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, learnable=False):
+        super().__init__(head_dim, num_heads, num_features=num_features, seed=seed, learnable=learnable)
+        self.num_features = int(num_features)
+        if self.num_features < 1:
+            raise ValueError(f"performer: num_features must be >= 1, got {num_features}")
+        self.feature_dim = self.num_features
+        generator = seeded_generator(seed)
+        omega = torch.stack([orthogonal_gaussian(self.num_features, self.head_dim, generator)
+                             for _ in range(self.num_heads)])
+        if learnable:
+            self.omega = nn.Parameter(omega)
+        else:
+            self.register_buffer("omega", omega)
+
+    def forward(self, x, mask=None):
+        return positive_random_features(x, self.cast(self.omega, x), self.num_features)

@@ -1,0 +1,34 @@
+"""Exact softmax attention through the same patch as every linear method.
+
+Converting with ``softmax`` must leave a model's outputs unchanged; it is the control of every
+conversion test and the teacher path of stage-1 distillation. Computed with PyTorch's
+``scaled_dot_product_attention`` (Vaswani et al. 2017, eq. 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..core import softmax_attention_weights
+from .base import FeatureMap, register_feature_map
+
+
+@register_feature_map
+class SoftmaxAttention(FeatureMap):
+    name = "softmax"
+    paper = "exact softmax (Vaswani et al. 2017)"
+    exact_softmax = True
+
+    def forward(self, x, mask=None):
+        raise TypeError("softmax attention has no finite feature map; call attend()")
+
+    def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False):
+        mask = None
+        if key_padding_mask is not None:
+            mask = key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        if mask is not None:
+            out = torch.nan_to_num(out, nan=0.0)  # a sequence with no real key
+        weights = softmax_attention_weights(q, k, key_padding_mask, scale) if output_attentions else None
+        return out, weights

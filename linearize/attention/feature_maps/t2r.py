@@ -1,0 +1,37 @@
+"""T2R (Kasai et al. 2021, "Finetuning Pretrained Transformers into RNNs", §3.1).
+
+    φ(x) = ReLU(Wx + b) ∈ R^D
+
+``W ∈ R^{D×d}``, ``b ∈ R^D`` per head, initialised like ``nn.Linear`` (U(±1/√d));
+``feature_dim`` = D defaults to the head dim. Without stage-1 distillation this is the papers'
+"T2R" row; with it, "T2R-HH" (LUNA Table 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import FeatureMap, register_feature_map
+
+
+@register_feature_map
+class T2RFeatureMap(FeatureMap):
+    name = "t2r"
+    paper = "T2R (Kasai et al. 2021) §3.1"
+
+    def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
+        super().__init__(head_dim, num_heads, feature_dim=feature_dim)
+        width = self.head_dim if feature_dim is None else int(feature_dim)
+        if width < 1:
+            raise ValueError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
+        self.feature_dim = width
+        bound = 1.0 / math.sqrt(self.head_dim)
+        self.weight = nn.Parameter(torch.empty(self.num_heads, width, self.head_dim).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(self.num_heads, width).uniform_(-bound, bound))
+
+    def forward(self, x, mask=None):
+        z = torch.einsum("bhnd,hfd->bhnf", x, self.cast(self.weight, x)) + self.cast(self.bias, x)[:, None, :]
+        return torch.relu(z), None
