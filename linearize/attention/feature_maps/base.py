@@ -93,8 +93,12 @@ class FeatureMap(nn.Module):
     def forward(self, x, mask=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False):
-        """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``."""
+    def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
+        """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``.
+
+        ``dropout`` (attention-probability dropout) only applies to exact softmax: the linear
+        path never forms the probabilities it would drop.
+        """
         out = linear_attention(q, k, v, self, key_padding_mask, scale)
         weights = linear_attention_weights(q, k, self, key_padding_mask, scale) if output_attentions else None
         return out, weights

@@ -23,11 +23,11 @@ class SoftmaxAttention(FeatureMap):
     def forward(self, x, mask=None):
         raise TypeError("softmax attention has no finite feature map; call attend()")
 
-    def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False):
+    def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
         mask = None
         if key_padding_mask is not None:
             mask = key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout)
         if mask is not None:
             out = torch.nan_to_num(out, nan=0.0)  # a sequence with no real key
         weights = softmax_attention_weights(q, k, key_padding_mask, scale) if output_attentions else None

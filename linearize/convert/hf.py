@@ -1,0 +1,138 @@
+"""Patch Hugging Face encoders through transformers' attention-function registry.
+
+BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, ViT, DeiT and Dinov2 (transformers 5.x) compute
+their own Q/K/V projections and pass the attention module itself, with ``[B, H, N, d]``
+query/key/value, to the function registered under ``config._attn_implementation``. linearize
+registers one such function, ``"linearize"``: it looks for a feature map attached to the module
+(``module.linearize_map``) and runs linear attention with it; a module without one (a layer left
+softmax in a hybrid model) runs exact softmax. The pretrained projections are never copied or
+touched. A mask function is registered under the same name: without one, transformers builds no
+padding mask for an unknown implementation and padding would silently be ignored. It hands the
+attention function the ``[batch, seq]`` key-padding mask (True = real token), never an N×N mask.
+
+This module imports only torch, transformers and ``linearize.attention``, so a saved model's
+remote code can bundle it (see ``remote_code.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from ..attention.feature_maps import create_feature_map, get_feature_map_class, method_options
+
+ATTENTION_IMPLEMENTATION = "linearize"
+
+#: model_type -> the class name of its self-attention module (the one that calls the registry)
+ATTENTION_CLASSES = {
+    "bert": "BertSelfAttention",
+    "roberta": "RobertaSelfAttention",
+    "xlm-roberta": "XLMRobertaSelfAttention",
+    "camembert": "CamembertSelfAttention",
+    "distilbert": "DistilBertSelfAttention",
+    "albert": "AlbertAttention",
+    "electra": "ElectraSelfAttention",
+    "vit": "ViTAttention",
+    "deit": "DeiTAttention",
+    "dinov2": "Dinov2Attention",
+}
+
+
+def key_padding_from_mask(attention_mask):
+    """``[batch, seq]`` bool key mask (True = real) from whatever mask the model passes, or None.
+
+    2-D masks come from linearize's mask function; 4-D boolean or additive masks
+    (``[B, 1, Nq, Nk]``) from models that build their own are reduced over the query axis.
+    """
+    if attention_mask is None:
+        return None
+    mask = attention_mask
+    if mask.dim() == 4:
+        mask = mask[:, 0]
+        mask = mask.any(dim=1) if mask.dtype == torch.bool else (mask > torch.finfo(mask.dtype).min / 2).any(dim=1)
+    elif mask.dtype != torch.bool:
+        mask = mask > 0
+    return None if bool(mask.all()) else mask
+
+
+def linearize_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                   attention_mask=None, **kwargs):
+    """Mask function for the ``linearize`` implementation: the 2-D key-padding mask or None."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, kv_offset: kv_offset + kv_length].to(torch.bool)
+    return None if bool(mask.all()) else mask
+
+
+def linearize_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function: returns ``(out [B, N, H, d], weights or None)``."""
+    fm = getattr(module, "linearize_map", None)
+    if fm is None:
+        fm = _softmax_map(module)
+    out, weights = fm.attend(query, key, value, key_padding_from_mask(attention_mask), scale=scaling,
+                             output_attentions=bool(kwargs.get("output_attentions", False)), dropout=dropout)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+_SOFTMAX = {}
+
+
+def _softmax_map(module):
+    """The exact-softmax path for attention modules that were not converted (hybrid models)."""
+    if "map" not in _SOFTMAX:
+        _SOFTMAX["map"] = get_feature_map_class("softmax")(1, 1)
+    return _SOFTMAX["map"]
+
+
+def register_attention_backend():
+    """Register the ``linearize`` attention and mask functions (idempotent)."""
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, linearize_attention_forward)
+    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, linearize_mask)
+
+
+def attention_modules(model):
+    """``[(qualified name, module)]`` of the self-attention modules, in forward order."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    model_type = (getattr(model.config, "linearize", None) or {}).get("base_model_type", model_type)
+    class_name = ATTENTION_CLASSES.get(model_type)
+    if class_name is None:
+        return []
+    return [(name, module) for name, module in model.named_modules() if type(module).__name__ == class_name]
+
+
+def head_geometry(config):
+    heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+    return int(head_dim), heads
+
+
+def layer_options(method, options, layer_index):
+    """Options of one layer: a ``seed`` option is offset by the layer index so layers differ."""
+    options = dict(options)
+    if "seed" in method_options(method):
+        options["seed"] = int(options.get("seed", method_options(method)["seed"])) + layer_index
+    return options
+
+
+def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
+    """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers``."""
+    for index, (_, module) in enumerate(modules):
+        if hasattr(module, "linearize_map"):
+            del module.linearize_map
+        if index not in layers:
+            continue
+        fm = create_feature_map(method, head_dim, num_heads, **layer_options(method, options, index))
+        reference = next(module.parameters(), None)
+        if reference is not None:
+            fm = fm.to(device=reference.device, dtype=reference.dtype)
+        module.linearize_map = fm
+
+
+def apply_linearize_config(model, block):
+    """Rebuild a converted model's attention from its config block (used by remote code)."""
+    register_attention_backend()
+    head_dim, num_heads = head_geometry(model.config)
+    attach_feature_maps(attention_modules(model), block["method"], set(block["layers"]), block.get("options", {}),
+                        head_dim, num_heads)
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)

