@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -26,6 +27,11 @@ app = typer.Typer(
 console = Console(width=max(Console().width, 140))
 err_console = Console(stderr=True)
 
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="Attention method (see `linearize methods`).")]
+LayersOpt = Annotated[Optional[str], typer.Option(
+    "--layers", help="Comma-separated attention layer indices to convert (default: all; others stay softmax).")]
+OptionOpt = Annotated[Optional[list[str]], typer.Option(
+    "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
 HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
 NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
 
@@ -56,8 +62,7 @@ def friendly_errors(command):
 def methods_command(
     head_dim: HeadDimOpt = 64,
     num_heads: NumHeadsOpt = 12,
-    option: Annotated[Optional[list[str]], typer.Option(
-        "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")] = None,
+    option: OptionOpt = None,
 ):
     """List the attention methods: name, paper, feature size and learned parameters per layer.
 
@@ -80,6 +85,74 @@ def methods_command(
         opts = ", ".join(f"{k}={v}" for k, v in method_options(name).items())
         table.add_row(name, fm.paper, feature_dim, f"{fm.num_learnable_parameters():,}", opts or "-")
     console.print(table)
+
+
+@app.command("convert")
+@friendly_errors
+def convert_command(
+    model: Annotated[str, typer.Argument(help="A local model folder, a Hub id, or an alias (bert-base, roberta-base, "
+                                              "vit-base, minilm).")],
+    out: Annotated[Path, typer.Option("--out", "-O", help="Folder to write the converted model to.")],
+    method: MethodOpt = "luna",
+    layers: LayersOpt = None,
+    option: OptionOpt = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists and is not empty.")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        help="Allow loading pickled .bin weights (can run code; only for sources you trust).")] = False,
+    head: Annotated[Optional[str], typer.Option(
+        help="Load this task head instead of the checkpoint's own: base, sequence-classification, "
+             "token-classification, masked-lm, image-classification.")] = None,
+    num_labels: Annotated[Optional[int], typer.Option(help="Number of labels of a new classification head.")] = None,
+):
+    """Convert a pretrained encoder's softmax attention to linear attention and save it.
+
+    Example: linearize convert minilm --method luna --out runs/minilm-luna
+    """
+    from .convert import convert_checkpoint
+
+    info = convert_checkpoint(model, method, out, layers=parse_layers(layers), options=parse_options(option),
+                              overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels)
+    print_summary(info)
+
+
+@app.command("info")
+@friendly_errors
+def info_command(directory: Annotated[Path, typer.Argument(help="A converted model folder.")]):
+    """Show what a converted model is: method, options, converted layers, parameter overhead.
+
+    Example: linearize info runs/minilm-luna
+    """
+    from .convert import summary
+
+    print_summary(summary(directory))
+
+
+def print_summary(info):
+    table = Table(show_header=False, title=f"linearize model: {info['directory']}")
+    layers = info["layers"]
+    total = info["num_attention_layers"]
+    rows = [
+        ("architecture", f"{info['architecture']} ({info['base_model_type']})"),
+        ("method", info["method"]),
+        ("options", ", ".join(f"{k}={v}" for k, v in info["options"].items()) or "defaults"),
+        ("converted layers", f"{len(layers)} of {total}: {layers}" + ("" if len(layers) == total else " (others softmax)")),
+        ("source", str(info["source"])),
+        ("parameters added", f"{info['parameters_added']:,} ({info['parameters_added_percent']:.3f}% of "
+                             f"{info['parameters_base']:,})"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def parse_layers(text):
+    """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers)."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
 
 
 def parse_options(pairs):

@@ -70,8 +70,19 @@ def attention_modules(model):
 
 
 def is_converted(model):
-    return getattr(getattr(model, "config", None), "linearize", None) is not None or any(
-        hasattr(m, "linearize_map") for m in model.modules())
+    return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
+
+
+def _own_config(model):
+    """Give the model a private copy of its config: conversion writes to it, and a config
+    object shared with other models (``from_config(c)`` twice) must not convert them too."""
+    import copy
+
+    old = model.config
+    new = copy.deepcopy(old)
+    for module in model.modules():
+        if getattr(module, "config", None) is old:
+            module.config = new
 
 
 def convert(model, method="luna", *, layers=None, source=None, **options):
@@ -89,6 +100,7 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
     chosen = _check_layers(layers, len(modules))
     before = sum(p.numel() for p in model.parameters())
     if _is_hf(model):
+        _own_config(model)
         head_dim, num_heads = hf.head_geometry(model.config)
         block = {
             "format_version": FORMAT_VERSION,
@@ -107,6 +119,7 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
         model.config.linearize = block
         model.set_attn_implementation(hf.ATTENTION_IMPLEMENTATION)
         model.__class__ = linearized_hf_class(type(model))
+        _register_output_recording(model)
     else:
         for index, (_, module) in enumerate(modules):
             if index not in chosen:
@@ -124,6 +137,16 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
     block["parameters_added"] = int(added)
     block["parameters_base"] = int(before)
     return model
+
+
+def _register_output_recording(model):
+    """transformers keys ``output_attentions`` capture on the class name (set in ``__init__``,
+    which a class swapped in place never ran): register the new class like the old one."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # pragma: no cover - older/newer transformers without the registry
+        return
+    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
 
 
 def revert(model):
@@ -242,3 +265,67 @@ def parameter_overhead(model):
     added = sum(p.numel() for fm in feature_maps_of(model).values() for p in fm.parameters())
     total = sum(p.numel() for p in model.parameters())
     return added, block.get("parameters_base", total - added)
+
+
+# ---- checkpoints on disk (what the CLI calls) -----------------------------------------------------
+
+def save_processors(source, directory):
+    """Copy the source checkpoint's tokenizer or image processor into ``directory`` (if any)."""
+    import transformers
+
+    saved = []
+    for auto in (transformers.AutoTokenizer, transformers.AutoImageProcessor):
+        try:
+            processor = auto.from_pretrained(source)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        processor.save_pretrained(directory)
+        saved.append(type(processor).__name__)
+    return saved
+
+
+def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
+                       allow_pickle=False, head=None, num_labels=None):
+    """Load ``model_name`` (folder, Hub id or alias), convert it and save it to ``out``.
+
+    ``head`` (``linearize.convert.loading.HEADS``) picks the task head to load instead of the
+    checkpoint's own architecture (a new head is randomly initialised, ``num_labels`` outputs).
+    The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
+    prints).
+    """
+    from ..io import atomic_dir, prepare_output_dir
+    from .loading import load_source_model, resolve_model_name
+
+    options = dict(options or {})
+    _check_method(method, options)
+    if out is None:
+        raise LinearizeError("pass --out DIR: the folder to write the converted model to")
+    prepare_output_dir(out, overwrite=overwrite)
+    extra = {} if num_labels is None else {"num_labels": int(num_labels)}
+    model = load_source_model(model_name, allow_pickle=allow_pickle, head=head, **extra)
+    convert(model, method, layers=layers, source=model_name, **options)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        save_processors(resolve_model_name(model_name), tmp)
+    return summary(out)
+
+
+def summary(directory):
+    """What a saved converted model is: method, layers, source, parameter overhead."""
+    data, block = read_linearize_block(directory)
+    added, base = block.get("parameters_added", 0), block.get("parameters_base", 0)
+    return {
+        "directory": str(directory),
+        "architecture": block.get("architecture"),
+        "base_model_type": block.get("base_model_type"),
+        "model_type": data.get("model_type"),
+        "method": block["method"],
+        "options": block.get("options", {}),
+        "layers": block["layers"],
+        "num_attention_layers": block.get("num_attention_layers"),
+        "source": block.get("source"),
+        "parameters_added": added,
+        "parameters_base": base,
+        "parameters_added_percent": 100.0 * added / base if base else 0.0,
+        "linearize_version": block.get("linearize_version"),
+    }

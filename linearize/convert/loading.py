@@ -73,12 +73,24 @@ def _check_safetensors(path):
         raise LinearizeError(f"{path} is corrupt or truncated ({error}); re-download or re-save it") from None
 
 
-def model_class_for(config, task=None):
-    """The transformers class to load: the checkpoint's own architecture, or the task's Auto class."""
+#: --head name -> the transformers Auto class that builds it
+HEADS = {
+    "base": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+
+
+def model_class_for(config, head=None):
+    """The transformers class to load: the checkpoint's own architecture, or the head's Auto class."""
     import transformers
 
-    if task is not None:
-        return getattr(transformers, task)
+    if head is not None:
+        if head not in HEADS:
+            raise LinearizeError(f"unknown head {head!r}; valid heads: {', '.join(HEADS)}")
+        return getattr(transformers, HEADS[head])
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if cls is not None:
@@ -86,7 +98,7 @@ def model_class_for(config, task=None):
     return transformers.AutoModel
 
 
-def load_source_model(name, *, task=None, allow_pickle=False, **kwargs):
+def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
     """Load a pretrained (softmax) model by folder, Hub id or alias; errors are one line."""
     import transformers
 
@@ -99,11 +111,13 @@ def load_source_model(name, *, task=None, allow_pickle=False, **kwargs):
         check_weights(path, allow_pickle=allow_pickle)
     elif path.exists() or resolved.startswith((".", "/")) or resolved.count("/") > 1:
         raise LinearizeError(f"{name} is neither a model folder nor a Hub id (like google-bert/bert-base-uncased)")
+    if head is not None or "num_labels" in kwargs:
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # a new head replaces the checkpoint's
     try:
         config = transformers.AutoConfig.from_pretrained(resolved)
-        cls = model_class_for(config, task)
+        cls = model_class_for(config, head)
         model = cls.from_pretrained(resolved, use_safetensors=None if allow_pickle else True, **kwargs)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RuntimeError) as error:
         if local:
             raise LinearizeError(f"could not load {path}: {str(error).splitlines()[0]}") from None
         raise LinearizeError(

@@ -1,0 +1,118 @@
+"""`linearize convert` and `linearize info` through Typer's CliRunner, bad inputs included."""
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from linearize.cli import app
+from tiny_models import build
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def tiny_bert(tmp_path):
+    path = tmp_path / "tiny-bert"
+    build("bert").save_pretrained(path)
+    return path
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_convert_and_info(tiny_bert, tmp_path):
+    out = tmp_path / "out"
+    code, text = invoke("convert", tiny_bert, "--method", "luna", "--out", out, "--layers", "1",
+                        "--option", "projections=4", "--option", "shared_mlp=false")
+    assert code == 0, text
+    assert "parameters added" in text and "1 of 2: [1] (others softmax)" in text
+    config = json.loads((out / "config.json").read_text())
+    assert config["linearize"]["options"] == {"projections": 4, "shared_mlp": False}
+    assert any(".linearize_map." in key for key in load_file(out / "model.safetensors"))
+    code, text = invoke("info", out)
+    assert code == 0 and "luna" in text and "projections=4" in text
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left behind
+
+
+def test_convert_with_a_new_head(tiny_bert, tmp_path):
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o", "--head", "token-classification",
+                        "--num-labels", "5", "--method", "t2r")
+    assert code == 0, text
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["linearize"]["architecture"] == \
+        "BertForTokenClassification"
+
+
+def test_refuses_a_non_empty_output_folder_unless_overwrite(tiny_bert, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, text = invoke("convert", tiny_bert, "--out", out)
+    assert code == 1 and "exists and is not empty; pass --overwrite" in text
+    assert (out / "keep.txt").read_text() == "mine"
+    code, text = invoke("convert", tiny_bert, "--out", out, "--overwrite")
+    assert code == 0, text
+    assert (out / "config.json").is_file() and not (out / "keep.txt").exists()
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "gpt2"
+    T.GPT2Model(T.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50)).save_pretrained(path)
+    code, text = invoke("convert", path, "--out", tmp_path / "o")
+    assert code == 1
+    assert "unsupported architecture 'gpt2'; supported: albert, bert" in text and "timm VisionTransformer" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "lunar"], "unknown method 'lunar'; valid methods: luna, hedgehog"),
+    (["--option", "projection=3"], "valid options: projections, channels"),
+    (["--option", "oops"], "is not key=value"),
+    (["--layers", "0,x"], "is not a comma-separated list"),
+    (["--layers", "7"], "out of range: the model has 2 attention layers"),
+    (["--head", "decoder"], "unknown head 'decoder'; valid heads: base, sequence-classification"),
+])
+def test_bad_method_options_and_layers(tiny_bert, tmp_path, args, message):
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o", *args)
+    assert code == 1 and message in " ".join(text.split()), text
+    assert text.count("\n") <= 3  # one line, not a traceback
+    assert not (tmp_path / "o").exists()
+
+
+def test_path_that_is_neither_folder_nor_on_the_hub(tmp_path):
+    code, text = invoke("convert", "nobody-xyz/no-such-model", "--out", tmp_path / "o")
+    assert code == 1
+    assert "not a local folder and could not be fetched from the Hugging Face Hub" in " ".join(text.split())
+    code, text = invoke("convert", tmp_path / "missing" / "dir", "--out", tmp_path / "o")
+    assert code == 1 and "neither a model folder nor a Hub id" in " ".join(text.split())
+
+
+def test_corrupt_or_truncated_safetensors(tiny_bert, tmp_path):
+    weights = tiny_bert / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o")
+    assert code == 1 and "corrupt or truncated" in text
+    weights.write_bytes(b"\x00garbage")
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o")
+    assert code == 1 and "corrupt or truncated" in text
+
+
+def test_pickled_weights_need_explicit_consent(tiny_bert, tmp_path):
+    state = load_file(tiny_bert / "model.safetensors")
+    (tiny_bert / "model.safetensors").unlink()
+    torch.save(state, tiny_bert / "pytorch_model.bin")
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o")
+    assert code == 1 and "only has pickled .bin weights" in text and "--allow-pickle" in text
+    code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o", "--allow-pickle")
+    assert code == 0, text
+
+
+def test_info_on_a_folder_that_is_not_converted(tiny_bert, tmp_path):
+    code, text = invoke("info", tiny_bert)
+    assert code == 1 and "not a linearize-converted model" in text
+    code, text = invoke("info", tmp_path / "nothing")
+    assert code == 1 and "has no config.json" in text
