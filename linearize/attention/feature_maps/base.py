@@ -97,8 +97,12 @@ class FeatureMap(nn.Module):
         """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``.
 
         ``dropout`` (attention-probability dropout) only applies to exact softmax: the linear
-        path never forms the probabilities it would drop.
+        path never forms the probabilities it would drop. While stage-1 distillation runs,
+        ``attend_hook`` (set by ``linearize.distill``, never saved) takes over the call.
         """
+        hook = self.__dict__.get("attend_hook")
+        if hook is not None:
+            return hook(self, q, k, v, key_padding_mask, scale, output_attentions)
         out = linear_attention(q, k, v, self, key_padding_mask, scale)
         weights = linear_attention_weights(q, k, self, key_padding_mask, scale) if output_attentions else None
         return out, weights

@@ -1,0 +1,49 @@
+"""Stage-1 attention-distillation losses (Hedgehog, Zhang et al. 2024, §4.1 eq. 5; LUNA §10.2;
+Flexformer Appendix A.3).
+
+Per layer and head, with teacher rows ``A_i = softmax(q_iᵀK·scale + mask)`` and student rows
+``Â_i`` (the quadratic form of the feature-map kernel):
+
+    CE = −Σ_j A_ij log Â_ij,      KL = Σ_j A_ij (log A_ij − log Â_ij) = CE − H(A_i)
+
+averaged over real (non-padded) query rows and heads. The log is clamped at 1e-12 so a zero or
+negative student weight (Flexformer's trigonometric kernels) never gives inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOG_FLOOR = 1e-12
+
+
+def _row_mean(values, query_mask):
+    """Mean of ``[B,H,N]`` over heads and real query rows."""
+    if query_mask is None:
+        return values.mean()
+    weights = query_mask.to(values.dtype)[:, None, :].expand_as(values)
+    return (values * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def attention_cross_entropy(teacher, student, query_mask=None):
+    """CE between teacher rows and student rows ``[B,H,Nq,Nk]`` (query_mask ``[B,Nq]``, 1 = real)."""
+    ce = -(teacher * student.clamp_min(LOG_FLOOR).log()).sum(-1)
+    return _row_mean(ce, query_mask)
+
+
+def attention_entropy(weights, query_mask=None):
+    """Mean row entropy H(A_i) = −Σ_j A_ij log A_ij."""
+    entropy = -(weights * weights.clamp_min(LOG_FLOOR).log()).sum(-1)
+    return _row_mean(entropy, query_mask)
+
+
+def attention_kl(teacher, student, query_mask=None):
+    """KL(A ‖ Â) = CE − H(A), averaged like the CE."""
+    return attention_cross_entropy(teacher, student, query_mask) - attention_entropy(teacher, query_mask)
+
+
+def output_mse(student_out, teacher_out, query_mask=None):
+    """Mean squared error of the attention outputs ``[B,H,N,d]`` over real query rows (the
+    output-matching term LoLCATs uses beside attention transfer, Zhang et al. 2025 §3.1)."""
+    err = (student_out.float() - teacher_out.float()).pow(2).mean(-1)
+    return _row_mean(err, query_mask)

@@ -1,0 +1,271 @@
+"""Stage 1: attention-weight distillation (Hedgehog §4.1; LUNA §10.2; Flexformer Appendix A.3).
+
+Every pretrained weight is frozen; only the feature maps train, on the cross-entropy between
+the frozen softmax attention rows and the student's normalised kernel rows. Teacher and
+student come from ONE forward pass of the converted model: while distillation runs, each
+converted layer's ``attend`` is taken over by :class:`DistillRecorder`, which returns the exact
+softmax output (so every layer is distilled on the teacher's inputs) and only uses the kernel
+path for the loss. Each layer's loss is back-propagated inside the forward pass as soon as it
+is computed (the feature maps of one layer only affect that layer's loss), so at most one
+layer's N×N maps are alive at a time.
+
+Built on ``accelerate``: one CPU, one GPU, or many processes (``accelerate launch``). The model
+itself is not wrapped for data parallelism (its graph ends inside each layer); the feature-map
+gradients are averaged across processes by hand before each optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..attention.core import linear_attention_weights, softmax_attention_weights
+from ..convert.api import feature_maps_of
+from .losses import attention_cross_entropy, attention_entropy, output_mse
+
+
+@dataclass
+class DistillConfig:
+    """Stage-1 hyperparameters. Defaults: the papers' (AdamW, cosine, lr 1e-3, one epoch)."""
+
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the feature maps."})
+    epochs: float = field(default=1.0, metadata={"help": "Passes over the distillation text (fractions allowed)."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many steps (overrides epochs)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Fraction of steps of linear warmup."})
+    scheduler: str = field(default="cosine", metadata={"help": "cosine | linear | constant."})
+    output_loss_weight: float = field(default=0.0, metadata={
+        "help": "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    checkpoint_every: int = field(default=100, metadata={"help": "Save a resumable checkpoint every N steps."})
+    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class DistillRecorder:
+    """The ``attend_hook`` of every converted layer during stage 1 (and KL measurement)."""
+
+    def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0):
+        self.train = train
+        self.loss_scale = loss_scale
+        self.output_loss_weight = output_loss_weight
+        self.reset()
+
+    def reset(self):
+        self.sums = defaultdict(lambda: defaultdict(float))
+
+    def __call__(self, fm, q, k, v, key_padding_mask, scale, output_attentions):
+        with torch.no_grad():
+            teacher = softmax_attention_weights(q, k, key_padding_mask, scale)
+            out = (teacher @ v.float()).to(v.dtype)  # exact softmax attention feeds the next layer
+        query_mask = key_padding_mask if q.shape[2] == k.shape[2] else None
+        with torch.enable_grad() if self.train else torch.no_grad():
+            student = linear_attention_weights(q.detach(), k.detach(), fm, key_padding_mask, scale)
+            ce = attention_cross_entropy(teacher, student, query_mask)
+            loss = ce
+            if self.output_loss_weight:
+                mse = output_mse(student @ v.detach().float(), out, query_mask)
+                loss = loss + self.output_loss_weight * mse
+            if self.train and loss.requires_grad:
+                (loss * self.loss_scale).backward()
+        with torch.no_grad():
+            h_teacher = attention_entropy(teacher, query_mask)
+            h_student = attention_entropy(student.detach().clamp_min(0), query_mask)
+        stats = self.sums[fm.layer_index]
+        stats["ce"] += ce.item()
+        stats["kl"] += ce.item() - h_teacher.item()
+        stats["teacher_entropy"] += h_teacher.item()
+        stats["student_entropy"] += h_student.item()
+        stats["count"] += 1
+        return out, (teacher if output_attentions else None)
+
+    def per_layer(self):
+        """``{layer: {ce, kl, teacher_entropy, student_entropy}}`` averaged over recorded calls."""
+        result = {}
+        for layer, stats in sorted(self.sums.items()):
+            count = max(stats["count"], 1)
+            result[layer] = {key: stats[key] / count for key in ("ce", "kl", "teacher_entropy", "student_entropy")}
+        return result
+
+
+@contextmanager
+def distillation_mode(model, recorder):
+    """Route every converted layer's attention through ``recorder`` (restored on exit)."""
+    maps = feature_maps_of(model)
+    try:
+        for index, fm in maps.items():
+            fm.layer_index = index
+            fm.attend_hook = recorder
+        yield maps
+    finally:
+        for fm in maps.values():
+            fm.__dict__.pop("attend_hook", None)
+
+
+def model_inputs(batch):
+    """The forward arguments of a batch (labels dropped: stage 1 needs none)."""
+    return {k: v for k, v in batch.items() if k not in ("labels", "label", "idx")}
+
+
+@torch.no_grad()
+def attention_distances(model, loader, max_batches=None, device=None):
+    """Per-layer CE, KL and entropies of the student's attention against the teacher's."""
+    recorder = DistillRecorder(train=False)
+    was_training = model.training
+    model.eval()
+    device = device or next(model.parameters()).device
+    with distillation_mode(model, recorder):
+        for step, batch in enumerate(loader):
+            if max_batches is not None and step >= max_batches:
+                break
+            model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
+    model.train(was_training)
+    return recorder.per_layer()
+
+
+def _scheduler(name, optimizer, warmup, total):
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup, \
+        get_linear_schedule_with_warmup
+
+    if name == "cosine":
+        return get_cosine_schedule_with_warmup(optimizer, warmup, total)
+    if name == "linear":
+        return get_linear_schedule_with_warmup(optimizer, warmup, total)
+    if name == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup)
+    raise ValueError(f"unknown scheduler {name!r}; valid: cosine, linear, constant")
+
+
+def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=None, checkpoint_dir=None,
+            accelerator=None, progress=True, log=print):
+    """Run stage 1 on a converted model in place; return a result dict.
+
+    ``train_loader`` yields model input dicts (labels are ignored). ``eval_loader`` (default:
+    the train loader) gives the per-layer CE/KL before and after. ``checkpoint_dir``: a
+    resumable checkpoint is kept there every ``config.checkpoint_every`` steps; a run started
+    with the same folder resumes where the last one stopped.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    config = config or DistillConfig()
+    maps = feature_maps_of(model)
+    params = [p for fm in maps.values() for p in fm.parameters()]
+    method = next(iter(maps.values())).name if maps else None
+    eval_loader = eval_loader if eval_loader is not None else train_loader
+    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    set_seed(config.seed)
+    model.to(accelerator.device)
+    if not params:
+        log(f"stage 1 skipped: method {method!r} has no learnable feature-map parameters")
+        per_layer = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+        return {"skipped": True, "reason": f"{method} has no learnable parameters", "method": method,
+                "per_layer_before": per_layer, "per_layer_after": per_layer, "history": [], "steps": 0,
+                "seconds": 0.0, "config": config.to_dict()}
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    before = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+
+    steps_per_epoch = len(train_loader)
+    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
+    optimizer, loader, scheduler = accelerator.prepare(optimizer, train_loader, scheduler)
+
+    state_path = Path(checkpoint_dir) / "stage1_state.pt" if checkpoint_dir else None
+    step, history, elapsed = 0, [], 0.0
+    if state_path is not None and state_path.is_file():
+        state = torch.load(state_path, map_location=accelerator.device, weights_only=False)
+        for index, fm in maps.items():
+            fm.load_state_dict(state["maps"][index])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, history, elapsed = state["step"], state["history"], state["seconds"]
+        log(f"stage 1 resumed at step {step}/{total} from {state_path}")
+
+    recorder = DistillRecorder(train=True, loss_scale=1.0 / len(maps), output_loss_weight=config.output_loss_weight)
+    model.eval()  # dropout off: the teacher rows must be exact
+    start = time.perf_counter() - elapsed
+    bar = _progress(total, step, "stage 1: attention distillation", progress and accelerator.is_main_process)
+    with distillation_mode(model, recorder):
+        while step < total:
+            epoch, offset = divmod(step, steps_per_epoch)
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+            batches = accelerator.skip_first_batches(loader, offset) if offset else loader
+            for batch in batches:
+                recorder.reset()
+                with accelerator.autocast():
+                    model(**model_inputs(batch))
+                if accelerator.num_processes > 1:
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad = accelerator.reduce(p.grad, reduction="mean")
+                if config.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                layers = recorder.per_layer()
+                loss = sum(v["ce"] for v in layers.values()) / max(len(layers), 1)
+                kl = sum(v["kl"] for v in layers.values()) / max(len(layers), 1)
+                history.append({"step": step, "ce": loss, "kl": kl, "lr": scheduler.get_last_lr()[0]})
+                bar.update(step, f"CE {loss:.3f} KL {kl:.3f}")
+                if state_path is not None and (step % config.checkpoint_every == 0 or step == total):
+                    _save_state(state_path, maps, optimizer, scheduler, step, history,
+                                time.perf_counter() - start, accelerator)
+                if step >= total:
+                    break
+    bar.close()
+    seconds = time.perf_counter() - start
+    for p in model.parameters():
+        p.requires_grad_(True)
+    after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+    return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
+            "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
+
+
+def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):
+    if not accelerator.is_main_process:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds}, tmp)
+    tmp.replace(path)
+
+
+class _progress:
+    """A rich progress bar (or nothing)."""
+
+    def __init__(self, total, done, description, enabled):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+            self.bar.start()
+            self.task = self.bar.add_task(description, total=total, completed=done, info="")
+
+    def update(self, completed, info=""):
+        if self.bar is not None:
+            self.bar.update(self.task, completed=completed, info=info)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()

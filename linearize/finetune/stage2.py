@@ -1,0 +1,191 @@
+"""Stage 2: task fine-tuning of the whole (converted or softmax) model.
+
+A plain ``accelerate`` training loop (one CPU, one GPU, or ``accelerate launch`` over many):
+AdamW with a warmup/decay schedule, evaluation on the dev (selection) split after every epoch,
+early stopping on the task's dev metric, the best weights kept on disk and restored at the end,
+and a resumable checkpoint after every epoch (a run restarted with the same folder continues).
+
+Recipes (every field overridable):
+
+- ``glue`` — LUNA §10.2 (BERT on GLUE): AdamW, batch 8, lr 1e-5, weight decay 0, up to 10
+  epochs, early stopping with patience 3 on the dev metric.
+- ``vit`` — LUNA §10.3 (ViT-B/16): AdamW, cosine schedule with warmup, weight decay 0.05; the
+  training transforms carry the augmentation (``linearize.data.build_image_transforms``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..distill.stage1 import _progress, _scheduler
+
+
+@dataclass
+class FinetuneConfig:
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
+    batch_size: int = field(default=8, metadata={"help": "Training batch size (per process)."})
+    eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch size."})
+    epochs: float = field(default=10.0, metadata={"help": "Maximum number of epochs."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many steps (overrides epochs)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    scheduler: str = field(default="linear", metadata={"help": "linear | cosine | constant."})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Fraction of steps of linear warmup."})
+    patience: int = field(default=3, metadata={"help": "Early stopping: epochs without dev improvement (0 = off)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+
+    def to_dict(self):
+        return asdict(self)
+
+
+RECIPES = {
+    "glue": FinetuneConfig(),
+    "vit": FinetuneConfig(lr=5e-5, batch_size=64, epochs=10, weight_decay=0.05, scheduler="cosine",
+                          warmup_ratio=0.1, patience=3),
+}
+
+
+def recipe(name, **overrides):
+    if name not in RECIPES:
+        raise ValueError(f"unknown fine-tuning recipe {name!r}; valid: {', '.join(RECIPES)}")
+    return replace(RECIPES[name], **overrides)
+
+
+@torch.no_grad()
+def predict(model, loader, device=None, max_batches=None):
+    """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int)."""
+    was_training = model.training
+    model.eval()
+    device = device or next(model.parameters()).device
+    all_logits, all_labels = [], []
+    for step, batch in enumerate(loader):
+        if max_batches is not None and step >= max_batches:
+            break
+        labels = batch.get("labels", batch.get("label"))
+        inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "label", "idx")}
+        logits = model(**inputs).logits
+        all_logits.append(logits.float().cpu())
+        if labels is not None:
+            all_labels.append(labels.cpu())
+    model.train(was_training)
+    logits = torch.cat(all_logits).numpy() if all_logits else np.zeros((0, 0), np.float32)
+    labels = torch.cat(all_labels).numpy() if all_labels else None
+    return logits, labels
+
+
+def evaluate(model, loader, task, device=None, max_batches=None):
+    """The task's metrics (``linearize.metrics``) of ``model`` on one split."""
+    from ..metrics import compute_metrics
+
+    logits, labels = predict(model, loader, device, max_batches)
+    if labels is None:
+        raise ValueError("the evaluation split has no labels")
+    return compute_metrics(task, logits, labels)
+
+
+def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, accelerator=None, progress=True,
+             log=print):
+    """Fine-tune ``model`` in place on ``train_loader``; select on ``eval_loader`` (the dev split).
+
+    ``task``: a ``TaskSpec`` or task name (its primary metric is maximised). The best weights
+    (by the dev metric) are restored before returning; ``output_dir`` holds the resumable state.
+    Returns ``{best_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from ..metrics import primary_metric
+
+    config = config or FinetuneConfig()
+    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    set_seed(config.seed)
+    primary = primary_metric(task)
+    output_dir = Path(output_dir)
+    state_dir, best_path, meta_path = output_dir / "state", output_dir / "best.pt", output_dir / "progress.json"
+
+    for p in model.parameters():
+        p.requires_grad_(True)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+    steps_per_epoch = len(train_loader)
+    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+    epochs = math.ceil(total / steps_per_epoch)
+    scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+
+    meta = {"epoch": 0, "step": 0, "best_metric": None, "best_epoch": None, "stale": 0, "history": [], "seconds": 0.0}
+    resumed = meta_path.is_file() and state_dir.is_dir()
+    if resumed:
+        meta = json.loads(meta_path.read_text())
+        accelerator.load_state(str(state_dir))
+        log(f"stage 2 resumed after epoch {meta['epoch']} from {output_dir}")
+    start = time.perf_counter() - meta["seconds"]
+    bar = _progress(total, meta["step"], "fine-tuning", progress and accelerator.is_main_process)
+    device = accelerator.device
+    while meta["epoch"] < epochs and meta["step"] < total and not (config.patience and meta["stale"] >= config.patience):
+        model.train()
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(meta["epoch"])
+        running, count = 0.0, 0
+        for batch in loader:
+            with accelerator.autocast():
+                loss = model(**{k: v for k, v in batch.items() if k != "idx"}).loss
+            accelerator.backward(loss)
+            if config.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            meta["step"] += 1
+            running, count = running + loss.item(), count + 1
+            bar.update(meta["step"], f"epoch {meta['epoch'] + 1} loss {running / count:.4f}")
+            if meta["step"] >= total:
+                break
+        meta["epoch"] += 1
+        metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, device)
+        entry = {"epoch": meta["epoch"], "step": meta["step"], "train_loss": running / max(count, 1),
+                 "lr": scheduler.get_last_lr()[0], **{f"dev_{k}": v for k, v in metrics.items()}}
+        meta["history"].append(entry)
+        score = metrics[primary]
+        if meta["best_metric"] is None or score > meta["best_metric"]:
+            meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
+            if accelerator.is_main_process:
+                _atomic_torch_save(accelerator.unwrap_model(model).state_dict(), best_path)
+        else:
+            meta["stale"] += 1
+        meta["seconds"] = time.perf_counter() - start
+        log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
+            f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
+        accelerator.save_state(str(state_dir))
+        if accelerator.is_main_process:
+            from ..io import atomic_write_json
+
+            atomic_write_json(meta_path, meta)
+    bar.close()
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    if best_path.is_file():
+        unwrapped.load_state_dict(torch.load(best_path, map_location=device, weights_only=True))
+    dev = evaluate(unwrapped, eval_loader, task, device)
+    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"], "primary_metric": primary,
+            "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
+            "seconds": time.perf_counter() - start, "resumed": resumed, "config": config.to_dict()}
+
+
+def _atomic_torch_save(obj, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
