@@ -1,60 +1,16 @@
-"""The ``linearize`` command line: it parses arguments and calls the library, nothing more.
-
-Every error a user can cause is printed as one line (``error: ...``) with a non-zero exit;
-set ``LINEARIZE_DEBUG=1`` to see the traceback instead.
-"""
+"""`linearize convert`, `linearize info`, `linearize methods`."""
 
 from __future__ import annotations
 
-import functools
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from .errors import LinearizeError
-
-app = typer.Typer(
-    name="linearize",
-    help="Convert pretrained softmax-attention encoders to linear attention (LUNA, Hedgehog, T2R, ...).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-console = Console(width=max(Console().width, 140))
-err_console = Console(stderr=True)
-
-MethodOpt = Annotated[str, typer.Option("--method", "-m", help="Attention method (see `linearize methods`).")]
-LayersOpt = Annotated[Optional[str], typer.Option(
-    "--layers", help="Comma-separated attention layer indices to convert (default: all; others stay softmax).")]
-OptionOpt = Annotated[Optional[list[str]], typer.Option(
-    "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
-HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
-NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
-
-
-@app.callback()
-def root():
-    """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
-
-
-def friendly_errors(command):
-    """Map user errors to one line on stderr and exit code 1 (traceback with LINEARIZE_DEBUG=1)."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except (LinearizeError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
-            if os.environ.get("LINEARIZE_DEBUG"):
-                raise
-            err_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-
-    return wrapper
+from ..errors import LinearizeError
+from . import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers,
+               parse_options)
 
 
 @app.command("methods")
@@ -68,7 +24,7 @@ def methods_command(
 
     Example: linearize methods --head-dim 32 --num-heads 12
     """
-    from .attention import create_feature_map, method_options, methods
+    from ..attention import create_feature_map, method_options, methods
 
     options = parse_options(option)
     every_option = {key for name in methods() for key in method_options(name)}
@@ -108,7 +64,7 @@ def convert_command(
 
     Example: linearize convert minilm --method luna --out runs/minilm-luna
     """
-    from .convert import convert_checkpoint
+    from ..convert import convert_checkpoint
 
     info = convert_checkpoint(model, method, out, layers=parse_layers(layers), options=parse_options(option),
                               overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels)
@@ -122,7 +78,7 @@ def info_command(directory: Annotated[Path, typer.Argument(help="A converted mod
 
     Example: linearize info runs/minilm-luna
     """
-    from .convert import summary
+    from ..convert import summary
 
     print_summary(summary(directory))
 
@@ -145,32 +101,3 @@ def print_summary(info):
     console.print(table)
 
 
-def parse_layers(text):
-    """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers)."""
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
-
-
-def parse_options(pairs):
-    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True)."""
-    import yaml
-
-    options = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise LinearizeError(f"option {pair!r} is not key=value (example: --option projections=16)")
-        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
-    return options
-
-
-def main():
-    app()
-
-
-if __name__ == "__main__":
-    main()

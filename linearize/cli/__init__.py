@@ -1,0 +1,88 @@
+"""The ``linearize`` command line: it parses arguments and calls the library, nothing more.
+
+One module per noun (``convert.py``: convert, info, methods; ...), each registering its
+commands on the shared ``app``; the option aliases shared by several commands live here.
+
+Every error a user can cause is printed as one line (``error: ...``) with a non-zero exit;
+set ``LINEARIZE_DEBUG=1`` to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import LinearizeError
+
+app = typer.Typer(
+    name="linearize",
+    help="Convert pretrained softmax-attention encoders to linear attention (LUNA, Hedgehog, T2R, ...).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(width=max(Console().width, 140))
+err_console = Console(stderr=True)
+
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="Attention method (see `linearize methods`).")]
+LayersOpt = Annotated[Optional[str], typer.Option(
+    "--layers", help="Comma-separated attention layer indices to convert (default: all; others stay softmax).")]
+OptionOpt = Annotated[Optional[list[str]], typer.Option(
+    "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
+HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
+NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
+
+
+@app.callback()
+def root():
+    """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
+
+
+def friendly_errors(command):
+    """Map user errors to one line on stderr and exit code 1 (traceback with LINEARIZE_DEBUG=1)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (LinearizeError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
+            if os.environ.get("LINEARIZE_DEBUG"):
+                raise
+            err_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def parse_layers(text):
+    """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers)."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
+
+
+def parse_options(pairs):
+    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True)."""
+    import yaml
+
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise LinearizeError(f"option {pair!r} is not key=value (example: --option projections=16)")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    return options
+
+
+def main():
+    app()
+
+
+from . import convert  # noqa: E402,F401  (registers the commands)
