@@ -86,3 +86,4 @@ def main():
 
 
 from . import convert  # noqa: E402,F401  (registers the commands)
+from . import run  # noqa: E402,F401

@@ -1,0 +1,56 @@
+"""`linearize run`: the whole pipeline from a recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import LayersOpt, OptionOpt, app, console, friendly_errors, parse_layers, parse_options
+
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]
+
+
+@app.command("run")
+@friendly_errors
+def run_command(
+    recipe: Annotated[Optional[str], typer.Argument(
+        help="A built-in recipe (minilm-moviereviews, vit-fashionmnist, bert-base-glue, roberta-base-glue, "
+             "vit-base-imagenet) or a YAML file. Default: minilm-moviereviews.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Run folder (default runs/<recipe>-<method>).")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Override the recipe's method.")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="Override the recipe's task.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Override the recipe's model.")] = None,
+    layers: LayersOpt = None,
+    option: OptionOpt = None,
+    seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed.")] = None,
+    set_: SetOpt = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A ~2-minute smoke version of the recipe.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Delete --out first instead of resuming in it.")] = False,
+):
+    """Fine-tune the softmax teacher, convert, distill, fine-tune, evaluate and write the report.
+
+    Runs again with the same --out resume after the last finished stage.
+
+    Examples: linearize run --quick; linearize run vit-fashionmnist --method hedgehog;
+    linearize run bert-base-glue --task mrpc --set data.data_dir=~/glue
+    """
+    from ..pipeline import run
+    from ..recipes import load_recipe, parse_set
+
+    overrides = parse_set(set_)
+    for key, value in (("method", method), ("task", task), ("model", model), ("seed", seed)):
+        if value is not None:
+            overrides[key] = value
+    if layers is not None:
+        overrides["layers"] = parse_layers(layers)
+    if option:
+        overrides["options"] = parse_options(option)
+    resolved = load_recipe(recipe, overrides=overrides, quick=quick)
+    out = out or Path("runs") / f"{resolved['name']}-{resolved['method']}{'-quick' if quick else ''}"
+    report = run(resolved, out, overwrite=overwrite, log=console.print)
+    rec = report["recovery"]
+    console.print(f"[bold]done:[/] {out}: student keeps {rec['average']:.1f}% of the teacher's "
+                  f"{report['task']['primary_metric']} on the {rec['split']} split; see {out / 'report.md'}")

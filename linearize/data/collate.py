@@ -1,0 +1,91 @@
+"""Tokenisation, dynamic padding and DataLoaders for text and image tasks.
+
+Text is tokenised once with the checkpoint's own tokenizer (single sentences or pairs,
+truncated to ``max_length``, not padded), and each batch is padded only to its longest
+member by ``DataCollatorWithPadding``: on short sentences (SST-2, movie reviews) that is a
+large saving over padding everything to ``max_length``. Shuffling uses a seeded
+``torch.Generator``, so the batch order is the same on every run with the same seed.
+"""
+
+from __future__ import annotations
+
+from ..errors import LinearizeError
+
+MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "label", "labels")
+
+
+def tokenize_dataset(data, tokenizer, text_keys, max_length=128):
+    """Tokenise a ``Dataset``/``DatasetDict``: adds ``input_ids`` etc., keeps ``label``, drops the rest.
+
+    ``text_keys`` has one column (single sentences) or two (sentence pairs, encoded as
+    ``[CLS] a [SEP] b [SEP]`` with the longer one truncated first).
+    """
+    text_keys = tuple(text_keys)
+    if len(text_keys) not in (1, 2):
+        raise LinearizeError(f"text_keys must name one or two columns, got {text_keys}")
+    columns = data.column_names
+    names = columns if isinstance(columns, list) else next(iter(columns.values()))
+    missing = [key for key in text_keys if key not in names]
+    if missing:
+        raise LinearizeError(f"no text column {', '.join(map(repr, missing))} (columns: {', '.join(names)})")
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit and limit < 10**6 and max_length > limit:
+        raise LinearizeError(f"max_length {max_length} exceeds the tokenizer's limit {limit}; pass --max-length "
+                             f"{limit} or less")
+
+    def encode(batch):
+        return tokenizer(*(batch[key] for key in text_keys), truncation=True, max_length=max_length)
+
+    remove = [name for name in names if name not in ("label",)]
+    return data.map(encode, batched=True, remove_columns=remove, desc="tokenizing")
+
+
+def text_collator(tokenizer):
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer)
+
+
+def text_dataloader(dataset, tokenizer, batch_size=32, shuffle=False, seed=0, num_workers=0, drop_last=False):
+    """A ``DataLoader`` over a tokenised split with dynamic padding; batches carry ``labels``."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    keep = [name for name in dataset.column_names if name in MODEL_COLUMNS]
+    if "input_ids" not in keep:
+        raise LinearizeError("the split is not tokenised (no input_ids); call tokenize_dataset first")
+    generator = torch.Generator().manual_seed(int(seed)) if shuffle else None
+    return DataLoader(dataset.select_columns(keep), batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      collate_fn=text_collator(tokenizer), num_workers=num_workers, drop_last=drop_last)
+
+
+def make_dataloaders(data, spec, *, tokenizer=None, image_processor=None, batch_size=32, eval_batch_size=None,
+                     max_length=128, seed=0, num_workers=0, num_channels=3, **transform_options):
+    """``{split: DataLoader}`` for every split of ``data``: only ``train`` is shuffled/augmented.
+
+    Text tasks need ``tokenizer``; image tasks need ``image_processor`` (or ``size=``/
+    ``mean=``/``std=`` in ``transform_options``, see ``build_image_transforms``).
+    """
+    eval_batch_size = eval_batch_size or batch_size
+    loaders = {}
+    if spec.kind == "text":
+        if tokenizer is None:
+            raise LinearizeError(f"task {spec.name!r} is text: a tokenizer is needed")
+        tokenized = tokenize_dataset(data, tokenizer, spec.text_keys, max_length=max_length)
+        for split, ds in tokenized.items():
+            if len(ds) == 0:
+                continue
+            train = split == "train"
+            loaders[split] = text_dataloader(ds, tokenizer, batch_size if train else eval_batch_size, shuffle=train,
+                                             seed=seed, num_workers=num_workers)
+        return loaders
+    from .images import build_image_transforms, image_dataloader
+
+    train_tf, eval_tf = build_image_transforms(image_processor, num_channels=num_channels, **transform_options)
+    for split, ds in data.items():
+        if len(ds) == 0:
+            continue
+        train = split == "train"
+        loaders[split] = image_dataloader(ds, train_tf if train else eval_tf, batch_size if train else eval_batch_size,
+                                          shuffle=train, seed=seed, num_workers=num_workers)
+    return loaders

@@ -1,0 +1,163 @@
+"""Task metrics on scikit-learn and SciPy (the ``evaluate`` package fetches its metric scripts
+from the Hub, so it cannot run offline).
+
+GLUE's metrics as defined in the GLUE paper (Wang et al., ICLR 2019, Table 1) and its
+official ``glue`` metric: accuracy; binary F1 of the positive class (label 1) plus accuracy
+for MRPC and QQP; Matthews correlation for CoLA; Pearson and Spearman correlation for STS-B.
+Where a task has two numbers, ``combined`` is their mean — what the GLUE score averages for
+that task — and is the primary metric for early stopping. MNLI is scored per split
+(matched, mismatched): call ``compute_metrics("mnli", ...)`` on each. Images: top-1
+(``accuracy``) and top-5 accuracy (``top5_accuracy``, which needs scores, not class ids).
+
+``predictions`` may be class ids ``(N,)`` or scores/logits ``(N, C)`` (arg-maxed);
+regression predictions are ``(N,)`` or ``(N, 1)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import LinearizeError
+
+IMAGE_METRICS = ("accuracy", "top5_accuracy")
+REGRESSION_METRICS = ("pearson", "spearmanr", "combined")
+_EXTRA_TASKS = {
+    "mnli_matched": ("accuracy",), "mnli_mismatched": ("accuracy",), "mnli-mm": ("accuracy",),
+    "moviereviews": ("accuracy",), "text": ("accuracy",), "classification": ("accuracy",),
+    "fashion-mnist": IMAGE_METRICS, "image": IMAGE_METRICS, "regression": REGRESSION_METRICS,
+}
+
+
+# ---------------------------------------------------------------- the metrics themselves
+
+def accuracy(pred_ids, labels):
+    return float(np.mean(pred_ids == labels))
+
+
+def f1(pred_ids, labels):
+    """F1 of the positive class 1 (binary, as GLUE scores MRPC and QQP); 0 when it is never predicted nor present."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, pred_ids, pos_label=1, average="binary", zero_division=0))
+
+
+def matthews_correlation(pred_ids, labels):
+    """Matthews (1975) correlation coefficient, as GLUE scores CoLA; 0 when undefined."""
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(labels, pred_ids))
+
+
+def _correlation(function, values, labels):
+    if len(values) < 2 or np.all(values == values[0]) or np.all(labels == labels[0]):
+        return 0.0  # undefined for a constant input; 0 (no correlation captured) keeps early stopping sane
+    return float(function(values, labels)[0])
+
+
+def pearson(values, labels):
+    from scipy.stats import pearsonr
+
+    return _correlation(pearsonr, values, labels)
+
+
+def spearmanr(values, labels):
+    from scipy.stats import spearmanr as scipy_spearmanr
+
+    return _correlation(scipy_spearmanr, values, labels)
+
+
+def top_k_accuracy(scores, labels, k=5):
+    """Fraction of examples whose label is among the ``k`` highest scores (all of them if fewer than ``k``)."""
+    k = min(k, scores.shape[1])
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    return float(np.mean(np.any(top == labels[:, None], axis=1)))
+
+
+# name -> (function, what it takes): "ids" class ids, "scores" (N, C) scores, "values" regression values
+METRICS = {
+    "accuracy": (accuracy, "ids"),
+    "f1": (f1, "ids"),
+    "matthews_correlation": (matthews_correlation, "ids"),
+    "pearson": (pearson, "values"),
+    "spearmanr": (spearmanr, "values"),
+    "top5_accuracy": (lambda scores, labels: top_k_accuracy(scores, labels, 5), "scores"),
+}
+
+
+# ---------------------------------------------------------------- tasks
+
+def metric_names(task) -> tuple[str, ...]:
+    """The metrics reported for ``task``: a GLUE task name, another known name, or a ``TaskSpec``."""
+    if hasattr(task, "metric_names"):
+        return tuple(task.metric_names)
+    from .data.glue import GLUE_TASKS, glue_task_name
+
+    key = str(task).strip().lower()
+    if key in _EXTRA_TASKS:
+        return _EXTRA_TASKS[key]
+    glue = glue_task_name(key)
+    if glue is not None:
+        return GLUE_TASKS[glue].metrics
+    known = sorted(set(GLUE_TASKS) | set(_EXTRA_TASKS))
+    raise LinearizeError(f"no metrics defined for task {task!r}; known tasks: {', '.join(known)}")
+
+
+def primary_metric(task) -> str:
+    """The metric early stopping and model selection maximise for ``task``."""
+    if hasattr(task, "primary_metric"):
+        return task.primary_metric
+    from .data.glue import GLUE_TASKS, glue_task_name
+
+    names = metric_names(task)
+    glue = glue_task_name(task)
+    if glue is not None:
+        return GLUE_TASKS[glue].primary_metric
+    return "combined" if "combined" in names else names[0]
+
+
+def compute_metrics(task, predictions, references) -> dict[str, float]:
+    """``{metric: value}`` for ``task`` (see ``metric_names``); ``combined`` is the mean of the others."""
+    names = metric_names(task)
+    preds = np.asarray(predictions)
+    labels = np.asarray(references)
+    if labels.ndim != 1:
+        raise ValueError(f"references must be one-dimensional, got shape {labels.shape}")
+    if len(preds) != len(labels):
+        raise ValueError(f"{len(preds)} predictions for {len(labels)} references")
+    if len(labels) == 0:
+        raise ValueError("no predictions to score")
+    results = {}
+    for name in names:
+        if name == "combined":
+            continue
+        if name not in METRICS:
+            raise LinearizeError(f"unknown metric {name!r}; metrics: {', '.join(METRICS)}, combined")
+        function, takes = METRICS[name]
+        if takes == "values":
+            results[name] = function(_values(preds), labels.astype(np.float64))
+        elif takes == "scores":
+            if preds.ndim != 2:
+                raise ValueError(f"{name} needs (N, C) scores, got predictions of shape {preds.shape}")
+            results[name] = function(preds, labels.astype(np.int64))
+        else:
+            results[name] = function(_class_ids(preds), labels.astype(np.int64))
+    if "combined" in names:
+        results["combined"] = float(np.mean(list(results.values())))
+    return {name: results[name] for name in names}
+
+
+def _class_ids(preds):
+    if preds.ndim == 2:
+        return preds.argmax(axis=1)
+    if preds.ndim == 1 and (np.issubdtype(preds.dtype, np.integer) or np.all(np.mod(preds, 1) == 0)):
+        return preds.astype(np.int64)
+    raise ValueError(f"pass class ids (N,) or scores (N, C) for a classification task, got shape {preds.shape} "
+                     f"of {preds.dtype}")
+
+
+def _values(preds):
+    if preds.ndim == 2 and preds.shape[1] == 1:
+        preds = preds[:, 0]
+    if preds.ndim != 1:
+        raise ValueError(f"regression predictions must be (N,) or (N, 1), got {preds.shape}")
+    return preds.astype(np.float64)

@@ -1,0 +1,483 @@
+"""`linearize run`: the whole conversion in one command, driven by a recipe.
+
+teacher (fine-tune the softmax model, unless it already is) → convert → stage 1 (attention
+distillation) → stage 2 (fine-tuning) → evaluate teacher and student on the same splits with
+the same metric → recovery report. Model selection (early stopping) only ever sees the
+``validation`` split; recovery is reported on ``test`` (when the task has a labelled one).
+
+A run folder holds each finished stage (``teacher/``, ``stage1/``, ``model/``) and a
+``state.json``; running again with the same ``--out`` resumes after the last finished stage
+(and inside a stage from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .convert import convert, feature_maps_of, linearize_config, revert
+from .distill import DistillConfig, attention_distances, distill
+from .errors import LinearizeError
+from .finetune import FinetuneConfig, evaluate, finetune
+from .io import atomic_dir, atomic_write_json
+
+REPORT_SCHEMA_VERSION = 1
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+def build_source_model(recipe, spec):
+    """The softmax starting point: a pretrained checkpoint with the task's head, or (``model:
+    {config: ...}``) a model built from a config to be trained from scratch."""
+    import transformers
+
+    from .convert.loading import load_source_model
+
+    head_kwargs = spec.model_config_kwargs()
+    source = recipe["model"]
+    if isinstance(source, dict):
+        config_dict = dict(source.get("config") or {})
+        model_type = config_dict.pop("model_type", None)
+        if model_type is None:
+            raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
+        config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
+        cls = {"image-classification": transformers.AutoModelForImageClassification,
+               "sequence-classification": transformers.AutoModelForSequenceClassification}[recipe["head"]]
+        torch.manual_seed(recipe["seed"])
+        return cls.from_config(config), None
+    model = load_source_model(source, head=recipe["head"], **head_kwargs)
+    return model, source
+
+
+def load_processor(recipe, spec):
+    """Tokenizer (text) or image processor (image) of the source checkpoint, or None."""
+    import transformers
+
+    from .convert.loading import resolve_model_name
+
+    if isinstance(recipe["model"], dict):
+        return None
+    source = resolve_model_name(recipe["model"])
+    auto = transformers.AutoTokenizer if spec.kind == "text" else transformers.AutoImageProcessor
+    try:
+        return auto.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise LinearizeError(f"could not load the {'tokenizer' if spec.kind == 'text' else 'image processor'} of "
+                             f"{recipe['model']}: {str(error).splitlines()[0]}") from None
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+def load_data(recipe):
+    from .data import load_task_data
+
+    d = recipe["data"]
+    keys = ("data_dir", "data_file", "train_file", "validation_file", "test_file", "text_column",
+            "text_pair_column", "label_column", "dev_fraction")
+    data, spec = load_task_data(recipe["task"], seed=d["seed"], **{k: d[k] for k in keys if d[k] is not None})
+    for split, limit in (("train", d["max_train_examples"]),):
+        if limit and len(data[split]) > limit:
+            data[split] = data[split].shuffle(seed=d["seed"]).select(range(limit))
+    for split in list(data):
+        if split != "train" and d["max_eval_examples"] and len(data[split]) > d["max_eval_examples"]:
+            data[split] = data[split].shuffle(seed=d["seed"]).select(range(d["max_eval_examples"]))
+    if "validation" not in data or len(data["validation"]) == 0:
+        raise LinearizeError(f"task {recipe['task']!r} has no validation split to select on; set data.dev_fraction")
+    return data, spec
+
+
+def make_loaders(recipe, data, spec, processor, batch_size, seed):
+    from .data import make_dataloaders
+
+    d = recipe["data"]
+    extra = {}
+    if spec.kind == "image":
+        extra = {"num_channels": d["num_channels"] or 3, "crop_scale": tuple(d["crop_scale"])}
+        if processor is None:
+            if not d["image_size"]:
+                raise LinearizeError("a model trained from scratch needs data.image_size (and image_mean/std)")
+            extra.update(size=d["image_size"], mean=d["image_mean"], std=d["image_std"])
+        return make_dataloaders(data, spec, image_processor=processor, batch_size=batch_size,
+                                eval_batch_size=recipe["eval"]["batch_size"], seed=seed, **extra)
+    return make_dataloaders(data, spec, tokenizer=processor, batch_size=batch_size,
+                            eval_batch_size=recipe["eval"]["batch_size"], max_length=d["max_length"], seed=seed)
+
+
+def data_hash(data):
+    """sha256 over every split's labels and texts (text) or labels and a strided image sample."""
+    digest = hashlib.sha256()
+    for split in sorted(data):
+        ds = data[split]
+        digest.update(f"{split}:{len(ds)}".encode())
+        for column in ds.column_names:
+            if column == "image":
+                step = max(1, len(ds) // 256)
+                for i in range(0, len(ds), step):
+                    digest.update(np.asarray(ds[i]["image"]).tobytes())
+            else:
+                digest.update(json.dumps(ds[column], default=str).encode())
+    return "sha256:" + digest.hexdigest()
+
+
+# ---- measurements -----------------------------------------------------------------------------------
+
+def scores(model, loaders, spec, splits):
+    return {split: evaluate(model, loaders[split], spec) for split in splits if split in loaders}
+
+
+def recovery(teacher, student):
+    """Student ÷ teacher × 100 per metric and averaged (LUNA Table 2)."""
+    per_metric = {k: 100.0 * student[k] / teacher[k] for k in teacher if k in student and teacher[k]}
+    average = float(np.mean(list(per_metric.values()))) if per_metric else None
+    return per_metric, average
+
+
+@torch.no_grad()
+def latency(teacher, student, batch, repeats=10):
+    """Median forward time (ms) of teacher and student on the same batch, interleaved."""
+    for model in (teacher, student):
+        model.eval()
+        model(**batch)
+    times = {"teacher": [], "student": []}
+    for _ in range(repeats):
+        for name, model in (("teacher", teacher), ("student", student)):
+            start = time.perf_counter()
+            model(**batch)
+            times[name].append(1000 * (time.perf_counter() - start))
+    t, s = statistics.median(times["teacher"]), statistics.median(times["student"])
+    return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
+
+
+def latency_batch(recipe, spec, loader):
+    """A batch at the run's sequence length (text: ``max_length`` real tokens) for timing."""
+    batch = next(iter(loader))
+    size = recipe["eval"]["latency_batch_size"]
+    if spec.kind == "image":
+        return {"pixel_values": batch["pixel_values"][:size]}, batch["pixel_values"].shape[-1]
+    length = recipe["data"]["max_length"]
+    ids = batch["input_ids"][:1]
+    ids = ids.repeat(size, (length + ids.shape[1] - 1) // ids.shape[1])[:, :length]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, length
+
+
+@torch.no_grad()
+def luna_channels(student, loader, max_samples=20000):
+    """LUNA Fig. 3 data: ψ_ℓ(u) on a grid over the empirical range of u = wᵢᵀx + bᵢ, with its histogram,
+    for the first and last converted layer."""
+    maps = feature_maps_of(student)
+    if not maps or next(iter(maps.values())).name != "luna":
+        return []
+    chosen = sorted({min(maps), max(maps)})
+    samples = {i: [] for i in chosen}
+    hooks = [maps[i].register_forward_pre_hook(lambda mod, args, kw, i=i: samples[i].append(
+        mod.project(args[0]).flatten().cpu()), with_kwargs=True) for i in chosen]
+    batch = next(iter(loader))
+    try:
+        student.eval()
+        student(**{k: v for k, v in batch.items() if k not in ("labels", "label")})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = []
+    for i in chosen:
+        u = torch.cat(samples[i])
+        if u.numel() > max_samples:
+            u = u[torch.randperm(u.numel(), generator=torch.Generator().manual_seed(0))[:max_samples]]
+        lo, hi = torch.quantile(u, 0.005).item(), torch.quantile(u, 0.995).item()
+        pad = 0.1 * (hi - lo + 1e-6)
+        grid = torch.linspace(lo - pad, hi + pad, 200)
+        fm = maps[i]
+        psi = fm.psi(grid.to(fm.mlp_w1.dtype).to(fm.mlp_w1.device)).float().cpu()
+        counts, edges = np.histogram(u.numpy(), bins=40, range=(lo - pad, hi + pad))
+        out.append({"layer": i, "grid": grid.tolist(), "psi": psi.tolist(), "hist_edges": edges.tolist(),
+                    "hist_counts": counts.tolist()})
+    return out
+
+
+@torch.no_grad()
+def cls_attention(teacher, student, loader, spec, processor, examples=3):
+    """LUNA Fig. 4 data: CLS→token (or →patch) attention of the last layer, mean over heads."""
+    batch = next(iter(loader))
+    inputs = {k: v[:examples] for k, v in batch.items() if k not in ("labels", "label")}
+    convert(teacher, "softmax")  # exact softmax through linearize's path, which returns the weights
+    try:
+        teacher_attentions = teacher(**inputs, output_attentions=True).attentions
+    finally:
+        revert(teacher)
+    t_att = teacher_attentions[-1].mean(1)[:, 0]
+    s_att = student(**inputs, output_attentions=True).attentions[-1].mean(1)[:, 0]
+    layer = len(teacher_attentions) - 1
+    out = []
+    for n in range(t_att.shape[0]):
+        if spec.kind == "text":
+            real = int(inputs["attention_mask"][n].sum())
+            ids = inputs["input_ids"][n, :real].tolist()
+            out.append({"text": processor.decode(ids, skip_special_tokens=True),
+                        "tokens": processor.convert_ids_to_tokens(ids), "teacher": t_att[n, :real].tolist(),
+                        "student": s_att[n, :real].tolist(), "layer": layer})
+        else:
+            patches = t_att.shape[-1] - 1
+            side = int(round(patches ** 0.5))
+            pixels = inputs["pixel_values"][n].float().mean(0)
+            pixels = (255 * (pixels - pixels.min()) / (pixels.max() - pixels.min() + 1e-8)).round().int()
+            out.append({"image_index": n, "grid": [side, side], "teacher": t_att[n, 1:].tolist(),
+                        "student": s_att[n, 1:].tolist(), "layer": layer, "pixels": pixels.tolist()})
+    return out
+
+
+def environment():
+    import transformers
+
+    from . import __version__
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads()}
+
+
+# ---- the run ----------------------------------------------------------------------------------------
+
+class RunState:
+    """``state.json`` of a run folder: which stages are finished, with their results."""
+
+    def __init__(self, out_dir, recipe):
+        self.path = Path(out_dir) / "state.json"
+        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        if self.data and self.data.get("recipe") != _comparable(recipe):
+            raise LinearizeError(f"{out_dir} holds a run of a different recipe; choose another --out or pass "
+                                 "--overwrite to start over")
+        self.data.setdefault("recipe", _comparable(recipe))
+        self.data.setdefault("stages", {})
+
+    def done(self, stage):
+        return stage in self.data["stages"]
+
+    def get(self, stage):
+        return self.data["stages"][stage]
+
+    def finish(self, stage, result):
+        self.data["stages"][stage] = result
+        atomic_write_json(self.path, self.data)
+
+
+def _comparable(recipe):
+    return json.loads(json.dumps(recipe, default=str))
+
+
+def _save_model(model, processor, directory):
+    with atomic_dir(directory) as tmp:
+        model.save_pretrained(tmp)
+        if processor is not None:
+            processor.save_pretrained(tmp)
+
+
+def _load_saved(directory, converted):
+    import transformers
+
+    import linearize
+
+    if converted:
+        return linearize.load(directory)
+    config = transformers.AutoConfig.from_pretrained(directory)
+    cls = getattr(transformers, config.architectures[0])
+    return cls.from_pretrained(directory, use_safetensors=True).eval()
+
+
+def run(recipe, out_dir, *, overwrite=False, progress=True, log=print):
+    """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``."""
+    import shutil
+
+    from accelerate.utils import set_seed
+
+    out_dir = Path(out_dir)
+    if overwrite and out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = RunState(out_dir, recipe)
+    seed = recipe["seed"]
+    set_seed(seed)
+    started = time.perf_counter()
+
+    log(f"[1/6] data: {recipe['task']}")
+    data, spec = load_data(recipe)
+    processor = load_processor(recipe, spec)
+    report_split = "test" if "test" in data and len(data["test"]) else "validation"
+    splits = ["validation"] + ([report_split] if report_split != "validation" else [])
+    eval_loaders = make_loaders(recipe, data, spec, processor, recipe["eval"]["batch_size"], seed)
+
+    # teacher
+    teacher_dir = out_dir / "teacher"
+    if state.done("teacher"):
+        log("[2/6] teacher: reusing the finished teacher")
+        teacher = _load_saved(teacher_dir, converted=False)
+        teacher_result = state.get("teacher")
+    else:
+        teacher, source = build_source_model(recipe, spec)
+        teacher_result = {"seconds": 0.0, "history": [], "finetuned": False}
+        if recipe["teacher"]["finetune"]:
+            log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
+            cfg = _finetune_config(recipe["teacher"], seed)
+            loaders = make_loaders(recipe, data, spec, processor, cfg.batch_size, seed)
+            teacher_result = finetune(teacher, loaders["train"], eval_loaders["validation"], spec,
+                                      out_dir / "work" / "teacher", config=cfg, progress=progress, log=log)
+            teacher_result["finetuned"] = True
+        else:
+            log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
+        teacher.eval()
+        _save_model(teacher, processor, teacher_dir)
+        teacher_result["scores"] = scores(teacher, eval_loaders, spec, splits)
+        state.finish("teacher", _comparable(teacher_result))
+    teacher.eval()
+
+    # convert + stage 1
+    stage1_dir = out_dir / "stage1"
+    options = dict(recipe["options"] or {})
+    if state.done("stage1"):
+        log("[3/6] stage 1: reusing the distilled student")
+        student = _load_saved(stage1_dir, converted=True)
+        stage1_result = state.get("stage1")
+    else:
+        log(f"[3/6] convert to {recipe['method']}; stage 1: attention distillation")
+        student = copy.deepcopy(teacher)
+        convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **options)
+        s1 = recipe["stage1"]
+        cfg = DistillConfig(lr=s1["lr"], epochs=s1["epochs"], max_steps=s1["max_steps"],
+                            weight_decay=s1["weight_decay"], warmup_ratio=s1["warmup_ratio"],
+                            scheduler=s1["scheduler"], output_loss_weight=s1["output_loss_weight"],
+                            max_grad_norm=s1["max_grad_norm"], seed=seed)
+        loaders = make_loaders(recipe, data, spec, processor, s1["batch_size"], seed)
+        if s1["enabled"]:
+            stage1_result = distill(student, loaders["train"], cfg, eval_loader=eval_loaders["validation"],
+                                    eval_batches=s1["eval_batches"], checkpoint_dir=out_dir / "work" / "stage1",
+                                    progress=progress, log=log)
+        else:
+            per_layer = attention_distances(student, eval_loaders["validation"], s1["eval_batches"])
+            stage1_result = {"skipped": True, "reason": "stage1.enabled is false", "per_layer_before": per_layer,
+                             "per_layer_after": per_layer, "history": [], "seconds": 0.0, "steps": 0}
+        student.eval()
+        stage1_result["scores"] = scores(student, eval_loaders, spec, splits)
+        _save_model(student, processor, stage1_dir)
+        state.finish("stage1", _comparable(stage1_result))
+
+    # stage 2
+    model_dir = out_dir / "model"
+    if state.done("stage2"):
+        log("[4/6] stage 2: reusing the fine-tuned student")
+        student = _load_saved(model_dir, converted=True)
+        stage2_result = state.get("stage2")
+    elif recipe["stage2"]["enabled"]:
+        log("[4/6] stage 2: fine-tuning the student")
+        cfg = _finetune_config(recipe["stage2"], seed)
+        loaders = make_loaders(recipe, data, spec, processor, cfg.batch_size, seed)
+        stage2_result = finetune(student, loaders["train"], eval_loaders["validation"], spec,
+                                 out_dir / "work" / "stage2", config=cfg, progress=progress, log=log)
+        student.eval()
+        stage2_result["scores"] = scores(student, eval_loaders, spec, splits)
+        _save_model(student, processor, model_dir)
+        state.finish("stage2", _comparable(stage2_result))
+    else:
+        stage2_result = {"skipped": True, "seconds": 0.0, "history": [], "scores": stage1_result["scores"]}
+        _save_model(student, processor, model_dir)
+        state.finish("stage2", stage2_result)
+
+    log("[5/6] measuring latency and attention")
+    batch, seq_len = latency_batch(recipe, spec, eval_loaders[report_split])
+    timing = latency(teacher, student, batch, recipe["eval"]["latency_repeats"])
+    visuals = {"luna_channels": luna_channels(student, eval_loaders["validation"]),
+               "cls_attention": cls_attention(teacher, student, eval_loaders[report_split], spec, processor,
+                                              recipe["eval"]["examples"])}
+
+    log("[6/6] writing the report")
+    report = build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split,
+                          timing, seq_len, batch, visuals, time.perf_counter() - started)
+    write_run_report(report, out_dir)
+    return report
+
+
+def _finetune_config(section, seed):
+    keys = ("lr", "batch_size", "epochs", "max_steps", "weight_decay", "scheduler", "warmup_ratio", "patience",
+            "max_grad_norm")
+    return FinetuneConfig(seed=seed, **{k: section[k] for k in keys if k in section})
+
+
+def build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split, timing,
+                 seq_len, batch, visuals, total_seconds):
+    block = linearize_config(student) or {}
+    teacher_scores = teacher_result["scores"]
+    student_scores = stage2_result["scores"]
+    per_metric, average = recovery(teacher_scores[report_split], student_scores[report_split])
+    s1_metric, s1_average = recovery(teacher_scores[report_split], stage1_result["scores"][report_split])
+    before, after = stage1_result.get("per_layer_before", {}), stage1_result.get("per_layer_after", {})
+    per_layer = []
+    for layer in sorted(after, key=int):
+        b, a = before.get(layer, {}), after[layer]
+        per_layer.append({"layer": int(layer), "ce_before": b.get("ce"), "kl_before": b.get("kl"), "ce_after": a["ce"],
+                          "kl_after": a["kl"], "teacher_entropy": a["teacher_entropy"],
+                          "student_entropy": a["student_entropy"]})
+
+    def mean(key):
+        values = [row[key] for row in per_layer if row[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    base = block.get("parameters_base") or 0
+    added = block.get("parameters_added") or 0
+    return {
+        "schema": "linearize.report",
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "recipe": _comparable(recipe),
+        "task": {"name": spec.name, "kind": spec.kind, "metric_names": list(spec.metric_names),
+                 "primary_metric": spec.primary_metric, "selection_split": "validation", "report_split": report_split,
+                 "num_examples": {split: len(ds) for split, ds in data.items()}},
+        "model": {"source": str(recipe["model"]) if not isinstance(recipe["model"], dict) else "from scratch",
+                  "architecture": block.get("architecture"), "method": block.get("method"),
+                  "options": block.get("options", {}), "layers": block.get("layers"),
+                  "num_attention_layers": block.get("num_attention_layers"), "parameters_base": base,
+                  "parameters_added": added, "parameters_added_percent": 100.0 * added / base if base else 0.0},
+        "scores": {"teacher": teacher_scores, "student_stage1": stage1_result["scores"], "student": student_scores},
+        "recovery": {"split": report_split, "per_metric": per_metric, "average": average,
+                     "stage1_per_metric": s1_metric, "stage1_average": s1_average},
+        "attention": {"per_layer": per_layer, "mean_kl_before": mean("kl_before"), "mean_kl_after": mean("kl_after"),
+                      "stage1_skipped": bool(stage1_result.get("skipped"))},
+        "timing": {"teacher_seconds": teacher_result.get("seconds", 0.0),
+                   "stage1_seconds": stage1_result.get("seconds", 0.0),
+                   "stage2_seconds": stage2_result.get("seconds", 0.0), "total_seconds": total_seconds},
+        "latency": {"seq_len": seq_len, "batch_size": int(next(iter(batch.values())).shape[0]), **timing},
+        "curves": {"teacher": teacher_result.get("history", []), "stage1": stage1_result.get("history", []),
+                   "stage2": stage2_result.get("history", [])},
+        "visuals": visuals,
+        "seeds": {"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]},
+        "environment": environment(),
+        "data_hash": data_hash(data),
+        "figures": [],
+    }
+
+
+def write_run_report(report, out_dir):
+    """report.json, report.md and figures in the run folder, and a copy inside ``model/``."""
+    out_dir = Path(out_dir)
+    try:
+        from .report import write_report
+    except ImportError:  # pragma: no cover - the renderer ships with the package
+        write_report = None
+    for directory in (out_dir, out_dir / "model"):
+        if write_report is not None:
+            write_report(report, directory)
+        else:
+            atomic_write_json(directory / "report.json", report)

@@ -1,0 +1,113 @@
+"""Recipes: YAML files that fix every choice of a `linearize run`.
+
+``load_recipe(name_or_path, overrides)`` reads ``linearize/recipes/<name>.yaml`` (or a YAML
+file path), applies ``--quick`` and ``--set key.sub=value`` overrides, and checks every key
+against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from ..errors import LinearizeError
+
+RECIPE_DIR = Path(__file__).parent
+DEFAULT_RECIPE = "minilm-moviereviews"
+
+#: every recipe key with its default; sections are dicts
+DEFAULTS = {
+    "name": None,
+    "description": "",
+    "model": None,  # alias, folder or Hub id; or a dict {config: {...}} for a model trained from scratch
+    "head": "sequence-classification",
+    "task": None,
+    "method": "luna",
+    "options": {},
+    "layers": None,
+    "seed": 0,
+    "data": {
+        "data_dir": None, "data_file": None, "train_file": None, "validation_file": None, "test_file": None,
+        "text_column": "text", "text_pair_column": None, "label_column": None, "dev_fraction": None,
+        "seed": 0, "max_length": 128, "max_train_examples": None, "max_eval_examples": None,
+        "image_size": None, "image_mean": None, "image_std": None, "num_channels": None, "crop_scale": [0.08, 1.0],
+    },
+    "teacher": {
+        "finetune": True, "lr": 2e-5, "batch_size": 32, "epochs": 3.0, "max_steps": None, "weight_decay": 0.0,
+        "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
+    },
+    "stage1": {
+        "enabled": True, "lr": 1e-3, "batch_size": 32, "epochs": 1.0, "max_steps": None, "weight_decay": 0.0,
+        "warmup_ratio": 0.0, "scheduler": "cosine", "output_loss_weight": 0.0, "max_grad_norm": 1.0,
+        "eval_batches": 10,
+    },
+    "stage2": {
+        "enabled": True, "lr": 1e-5, "batch_size": 8, "epochs": 10.0, "max_steps": None, "weight_decay": 0.0,
+        "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
+    },
+    "eval": {"batch_size": 64, "latency_batch_size": 1, "latency_repeats": 10, "examples": 3},
+    "quick": {},
+}
+
+
+def list_recipes():
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def _merge(base, update, path=""):
+    out = copy.deepcopy(base)
+    for key, value in (update or {}).items():
+        where = f"{path}{key}"
+        if key not in base:
+            raise LinearizeError(f"unknown recipe key {where!r}; valid keys{' in ' + path[:-1] if path else ''}: "
+                                 f"{', '.join(base)}")
+        if isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
+            if not isinstance(value, dict):
+                raise LinearizeError(f"recipe key {where!r} must be a mapping")
+            out[key] = _merge(base[key], value, f"{where}.")
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(pairs):
+    """``["stage1.lr=1e-2", ...]`` -> a nested override dict (values parsed as YAML scalars)."""
+    nested = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise LinearizeError(f"--set {pair!r} is not key=value (example: --set stage1.lr=1e-2)")
+        parts = key.strip().split(".")
+        cursor = nested
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+        cursor[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return nested
+
+
+def load_recipe(name_or_path=None, *, overrides=None, quick=False):
+    """The resolved recipe dict (defaults ← YAML ← quick ← overrides)."""
+    name_or_path = name_or_path or DEFAULT_RECIPE
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = RECIPE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise LinearizeError(f"no recipe {name_or_path!r}; built-in recipes: {', '.join(list_recipes())} "
+                             "(or pass a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise LinearizeError(f"{path} is not valid YAML ({str(error).splitlines()[0]})") from None
+    recipe = _merge(DEFAULTS, data)
+    if recipe["name"] is None:
+        recipe["name"] = path.stem
+    if quick:
+        recipe = _merge(recipe, recipe.get("quick") or {})
+    recipe = _merge(recipe, overrides or {})
+    recipe["quick_mode"] = bool(quick)
+    for key in ("model", "task"):
+        if not recipe[key]:
+            raise LinearizeError(f"recipe {recipe['name']!r} sets no {key!r}")
+    return recipe
