@@ -67,6 +67,10 @@ def load_processor(recipe, spec):
     if isinstance(recipe["model"], dict):
         return None
     source = resolve_model_name(recipe["model"])
+    if (Path(source) / "config.json").is_file() and "linearize" in json.loads((Path(source) / "config.json").read_text()):
+        from .convert.api import load_processor as load_saved_processor
+
+        return load_saved_processor(source)
     auto = transformers.AutoTokenizer if spec.kind == "text" else transformers.AutoImageProcessor
     try:
         return auto.from_pretrained(source)
@@ -481,3 +485,89 @@ def write_run_report(report, out_dir):
             write_report(report, directory)
         else:
             atomic_write_json(directory / "report.json", report)
+
+
+# ---- the single stages (what `linearize distill / finetune / eval` call) ----------------------------------
+
+def stage_recipe(model, task, *, data=None, **top):
+    """A recipe dict for a single stage: the defaults with ``model``, ``task`` and ``data`` options."""
+    from .recipes import DEFAULTS, _merge
+
+    data = {k: v for k, v in (data or {}).items() if v is not None}
+    return _merge(DEFAULTS, {"name": "stage", "model": model, "task": task, "data": data, **top})
+
+
+def load_model_for_task(model, spec, head=None):
+    """A converted folder (``linearize.load``) or a softmax checkpoint with the task's head."""
+    from .convert.loading import load_source_model, resolve_model_name
+
+    path = Path(resolve_model_name(model)) if isinstance(model, str) else None
+    if path is not None and (path / "config.json").is_file():
+        config = json.loads((path / "config.json").read_text())
+        if config.get("linearize"):
+            import linearize
+
+            return linearize.load(path), True
+    default_head = "image-classification" if spec.kind == "image" else "sequence-classification"
+    return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
+
+
+def _stage_inputs(model, task, data, head=None):
+    recipe = stage_recipe(model, task, data=data)
+    loaded, spec = load_data(recipe)
+    net, converted = load_model_for_task(model, spec, head)
+    processor = load_processor(recipe, spec)
+    return recipe, loaded, spec, net, converted, processor
+
+
+def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, batch_size=32,
+                  eval_batches=10, data=None, overwrite=False, progress=True, log=print):
+    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it."""
+    from .io import prepare_output_dir
+
+    prepare_output_dir(out, overwrite=overwrite)
+    recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data)
+    if not converted:
+        if method is None:
+            raise LinearizeError(f"{model} is not a converted model: pass --method to convert it first")
+        convert(net, method, layers=layers, source=str(model), **(options or {}))
+    config = config or DistillConfig()
+    loaders = make_loaders(recipe, loaded, spec, processor, batch_size, config.seed)
+    result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
+                     checkpoint_dir=Path(out).with_name(Path(out).name + ".work"), progress=progress, log=log)
+    with atomic_dir(out) as tmp:
+        net.save_pretrained(tmp)
+        if processor is not None:
+            processor.save_pretrained(tmp)
+        atomic_write_json(Path(tmp) / "distill.json", _comparable(result))
+    return result
+
+
+def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, progress=True, log=print):
+    """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it."""
+    from .io import prepare_output_dir
+
+    prepare_output_dir(out, overwrite=overwrite)
+    recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data, head)
+    config = config or FinetuneConfig()
+    loaders = make_loaders(recipe, loaded, spec, processor, config.batch_size, config.seed)
+    result = finetune(net, loaders["train"], loaders["validation"], spec,
+                      Path(out).with_name(Path(out).name + ".work"), config=config, progress=progress, log=log)
+    splits = [s for s in loaded if s != "train"]
+    result["scores"] = scores(net, loaders, spec, splits)
+    with atomic_dir(out) as tmp:
+        net.save_pretrained(tmp)
+        if processor is not None:
+            processor.save_pretrained(tmp)
+        atomic_write_json(Path(tmp) / "finetune.json", _comparable(result))
+    return result
+
+
+def evaluate_model(model, task, *, data=None, head=None, batch_size=64):
+    """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
+    recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data, head)
+    recipe["eval"]["batch_size"] = batch_size
+    loaders = make_loaders(recipe, loaded, spec, processor, batch_size, 0)
+    splits = [s for s in loaded if s != "train"]
+    return {"task": spec.name, "converted": converted, "primary_metric": spec.primary_metric,
+            "scores": scores(net, loaders, spec, splits)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -33,6 +34,17 @@ LayersOpt = Annotated[Optional[str], typer.Option(
     "--layers", help="Comma-separated attention layer indices to convert (default: all; others stay softmax).")]
 OptionOpt = Annotated[Optional[list[str]], typer.Option(
     "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
+TaskOpt = Annotated[str, typer.Option("--task", help="A GLUE task (sst2, mrpc, ...), moviereviews, fashion-mnist, "
+                                                     "imagefolder, files, or a Hub data set id.")]
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Local data: GLUE's own layout, an image "
+                                                                      "folder, or Fashion-MNIST IDX files.")]
+TrainFileOpt = Annotated[Optional[Path], typer.Option("--train-file", help="CSV/TSV/JSON(L) training file.")]
+ValidationFileOpt = Annotated[Optional[Path], typer.Option("--validation-file", help="CSV/TSV/JSON(L) dev file.")]
+TestFileOpt = Annotated[Optional[Path], typer.Option("--test-file", help="CSV/TSV/JSON(L) test file (reported only).")]
+TextColumnOpt = Annotated[str, typer.Option("--text-column", help="Text column of data files.")]
+TextPairColumnOpt = Annotated[Optional[str], typer.Option("--text-pair-column", help="Second text column (pairs).")]
+LabelColumnOpt = Annotated[Optional[str], typer.Option("--label-column", help="Label column of data files.")]
+MaxLengthOpt = Annotated[int, typer.Option("--max-length", help="Truncate text to this many tokens.")]
 HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
 NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
 
@@ -81,9 +93,31 @@ def parse_options(pairs):
     return options
 
 
+def data_options(data_dir=None, train_file=None, validation_file=None, test_file=None, text_column="text",
+                 text_pair_column=None, label_column=None, max_length=128):
+    """The recipe ``data`` section from the shared data options."""
+    return {"data_dir": data_dir and str(data_dir), "train_file": train_file and str(train_file),
+            "validation_file": validation_file and str(validation_file), "test_file": test_file and str(test_file),
+            "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column,
+            "max_length": max_length}
+
+
+def print_scores(result, title):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("split")
+    metrics = next(iter(result.values()), {})
+    for name in metrics:
+        table.add_column(name, justify="right")
+    for split, values in result.items():
+        table.add_row(split, *(f"{values[name]:.4f}" for name in metrics))
+    console.print(table)
+
+
 def main():
     app()
 
 
 from . import convert  # noqa: E402,F401  (registers the commands)
-from . import run  # noqa: E402,F401
+from . import evaluate, push, run, train  # noqa: E402,F401

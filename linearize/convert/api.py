@@ -233,6 +233,33 @@ def read_linearize_block(directory):
     return data, block
 
 
+def base_config(directory):
+    """The source architecture's own config class for a saved converted model (no remote code)."""
+    import transformers
+
+    data, block = read_linearize_block(directory)
+    config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
+    config = transformers.AutoConfig.for_model(block["base_model_type"], **config_dict)
+    config.linearize = block
+    return config
+
+
+def load_processor(directory):
+    """The tokenizer or image processor saved with a converted model, or None.
+
+    The base config is handed over so transformers does not ask to run the folder's remote code
+    just to learn which tokenizer class to build."""
+    import transformers
+
+    config = base_config(directory)
+    for auto in (transformers.AutoTokenizer, transformers.AutoImageProcessor):
+        try:
+            return auto.from_pretrained(directory, config=config)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
 def load(directory, **kwargs):
     """Load a converted model saved by ``save_pretrained``, with its own head, without remote code."""
     import transformers
@@ -243,10 +270,7 @@ def load(directory, **kwargs):
         from .timm_io import load_timm
 
         return load_timm(directory)
-    base_type = block["base_model_type"]
-    config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
-    config = transformers.AutoConfig.for_model(base_type, **config_dict)
-    config.linearize = block
+    config = base_config(directory)
     base = getattr(transformers, block["architecture"], None)
     if base is None:
         raise LinearizeError(f"transformers {transformers.__version__} has no class {block['architecture']!r}; "

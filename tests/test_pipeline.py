@@ -1,0 +1,136 @@
+"""The pipeline (`linearize run`) and the single-stage commands on a tiny BERT and small files."""
+
+import csv
+import json
+
+import pytest
+import torch
+import transformers as T
+import yaml
+from typer.testing import CliRunner
+
+import linearize
+from linearize.cli import app
+from linearize.pipeline import load_data, run
+from linearize.recipes import load_recipe
+
+runner = CliRunner()
+POSITIVE = ["a fine, moving film", "warm and funny", "beautifully acted", "a delight", "sharp and clever",
+            "great fun", "tender and wise", "a triumph"]
+NEGATIVE = ["dull and flat", "a tedious mess", "badly written", "a bore", "lifeless and slow", "awful jokes",
+            "clumsy and shrill", "a waste"]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, minilm_path):
+    root = tmp_path_factory.mktemp("pipeline")
+    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path)
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, initializer_range=0.2)
+    T.BertForSequenceClassification(config).save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    for split, copies in (("train", 3), ("dev", 1), ("test", 1)):
+        with open(root / f"{split}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["text", "label"])
+            for i in range(copies):
+                for p, n in zip(POSITIVE, NEGATIVE):
+                    writer.writerow([f"{p} {i}" if split == "train" else f"{p}, {split}", "pos"])
+                    writer.writerow([f"{n} {i}" if split == "train" else f"{n}, {split}", "neg"])
+    recipe = {
+        "model": str(root / "tiny"), "task": "files", "method": "hedgehog",
+        "data": {"train_file": str(root / "train.csv"), "validation_file": str(root / "dev.csv"),
+                 "test_file": str(root / "test.csv"), "max_length": 16},
+        "teacher": {"lr": 1e-3, "batch_size": 8, "epochs": 2},
+        "stage1": {"lr": 1e-2, "batch_size": 8, "epochs": 2, "eval_batches": 2},
+        "stage2": {"lr": 1e-3, "batch_size": 8, "epochs": 2},
+        "eval": {"latency_repeats": 2, "examples": 2},
+    }
+    (root / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    return root
+
+
+def test_run_writes_report_model_and_resumes(workspace):
+    recipe = load_recipe(str(workspace / "tiny.yaml"))
+    out = workspace / "run"
+    report = run(recipe, out, progress=False, log=lambda *a, **k: None)
+    assert report["schema_version"] == 1 and report["model"]["method"] == "hedgehog"
+    assert report["task"]["selection_split"] == "validation" and report["task"]["report_split"] == "test"
+    teacher, student = report["scores"]["teacher"]["test"], report["scores"]["student"]["test"]
+    assert report["recovery"]["per_metric"]["accuracy"] == pytest.approx(100 * student["accuracy"] /
+                                                                          teacher["accuracy"])
+    layers = report["attention"]["per_layer"]
+    assert [row["layer"] for row in layers] == [0, 1]
+    assert report["attention"]["mean_kl_after"] < report["attention"]["mean_kl_before"]  # stage 1 learned
+    assert report["model"]["parameters_added"] == 2 * 4 * 8 * 8  # hedgehog: per layer H·d·d
+    assert len(report["curves"]["stage1"]) == report["recipe"]["stage1"]["epochs"] * 6  # 48 rows, batch 8
+    assert report["latency"]["seq_len"] == 16 and report["latency"]["teacher_ms"] > 0
+    assert report["visuals"]["cls_attention"][0]["tokens"][0] == "[CLS]"
+    assert report["data_hash"].startswith("sha256:")
+    for name in ("report.json", "report.md", "state.json", "model/report.json", "model/model.safetensors",
+                 "teacher/model.safetensors", "stage1/model.safetensors"):
+        assert (out / name).is_file(), name
+    # the saved student scores what the report says
+    model = linearize.load(out / "model")
+    data, spec = load_data(recipe)
+    from linearize.finetune import evaluate
+    from linearize.pipeline import load_processor, make_loaders
+
+    loaders = make_loaders(recipe, data, spec, load_processor(recipe, spec), 8, 0)
+    assert evaluate(model, loaders["test"], spec)["accuracy"] == pytest.approx(student["accuracy"])
+    # a second run resumes: every stage is reused, the scores are identical
+    again = run(recipe, out, progress=False, log=lambda *a, **k: None)
+    assert again["scores"] == report["scores"]
+    # another recipe in the same folder is refused
+    other = load_recipe(str(workspace / "tiny.yaml"), overrides={"method": "t2r"})
+    with pytest.raises(linearize.errors.LinearizeError, match="different recipe"):
+        run(other, out, progress=False, log=lambda *a, **k: None)
+
+
+def test_selection_and_reported_splits_are_disjoint(workspace):
+    data, _ = load_data(load_recipe(str(workspace / "tiny.yaml")))
+    assert not set(data["validation"]["text"]) & set(data["test"]["text"])
+    assert not set(data["train"]["text"]) & set(data["test"]["text"])
+
+
+def test_cli_stages_and_eval(workspace):
+    files = ["--train-file", workspace / "train.csv", "--validation-file", workspace / "dev.csv",
+             "--test-file", workspace / "test.csv", "--max-length", "16"]
+    teacher = workspace / "cli-teacher"
+    result = runner.invoke(app, [str(a) for a in ["finetune", workspace / "tiny", "--task", "files", "--out", teacher,
+                                                  "--lr", "1e-3", "--epochs", "1", *files]])
+    assert result.exit_code == 0, result.output
+    assert "best checkpoint" in result.output
+    distilled = workspace / "cli-distilled"
+    result = runner.invoke(app, [str(a) for a in ["distill", teacher, "--task", "files", "--out", distilled,
+                                                  "--method", "t2r", "--epochs", "1", *files]])
+    assert result.exit_code == 0, result.output
+    assert "KL before" in result.output
+    assert json.loads((distilled / "distill.json").read_text())["method"] == "t2r"
+    result = runner.invoke(app, [str(a) for a in ["eval", "text", distilled, "--task", "files", *files,
+                                                  "--json", workspace / "scores.json"]])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((workspace / "scores.json").read_text())
+    assert scores["converted"] and set(scores["scores"]) == {"validation", "test"}
+    result = runner.invoke(app, ["distill", str(teacher), "--task", "files", "--out", str(workspace / "x"),
+                                 *map(str, files)])
+    assert result.exit_code == 1 and "pass --method" in result.output
+
+
+def test_recipes_resolve_and_reject_unknown_keys():
+    from linearize.recipes import list_recipes
+
+    assert {"minilm-moviereviews", "bert-base-glue", "roberta-base-glue", "vit-base-imagenet",
+            "vit-fashionmnist"} <= set(list_recipes())
+    for name in list_recipes():
+        recipe = load_recipe(name, quick=True)
+        assert recipe["model"] and recipe["task"]
+    bert = load_recipe("bert-base-glue")
+    assert (bert["stage2"]["lr"], bert["stage2"]["batch_size"], bert["stage2"]["patience"]) == (1e-5, 8, 3)
+    with pytest.raises(linearize.errors.LinearizeError, match="unknown recipe key 'stage1.learning_rate'"):
+        load_recipe(overrides={"stage1": {"learning_rate": 1}})
+    with pytest.raises(linearize.errors.LinearizeError, match="no recipe 'nope'; built-in recipes"):
+        load_recipe("nope")
+    result = runner.invoke(app, ["run", "--set", "stage1.lr"])
+    assert result.exit_code == 1 and "is not key=value" in result.output
