@@ -263,7 +263,7 @@ class RunState:
     def __init__(self, out_dir, recipe):
         self.path = Path(out_dir) / "state.json"
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        if self.data and self.data.get("recipe") != _comparable(recipe):
+        if recipe is not None and self.data and self.data.get("recipe") != _comparable(recipe):
             raise LinearizeError(f"{out_dir} holds a run of a different recipe; choose another --out or pass "
                                  "--overwrite to start over")
         self.data.setdefault("recipe", _comparable(recipe))
@@ -282,6 +282,24 @@ class RunState:
 
 def _comparable(recipe):
     return json.loads(json.dumps(recipe, default=str))
+
+
+def _link_or_copy(source, target):
+    import shutil
+
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, copy_function=_hardlink_or_copy)
+
+
+def _hardlink_or_copy(src, dst):
+    import os
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _save_model(model, processor, directory):
@@ -303,8 +321,12 @@ def _load_saved(directory, converted):
     return cls.from_pretrained(directory, use_safetensors=True).eval()
 
 
-def run(recipe, out_dir, *, overwrite=False, progress=True, log=print):
-    """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``."""
+def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None):
+    """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``.
+
+    ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
+    is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
+    """
     import shutil
 
     from accelerate.utils import set_seed
@@ -327,6 +349,12 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print):
 
     # teacher
     teacher_dir = out_dir / "teacher"
+    if teacher_from is not None and not state.done("teacher"):
+        shared = RunState(teacher_from, None)
+        if not shared.done("teacher"):
+            raise LinearizeError(f"{teacher_from} has no finished teacher to share")
+        _link_or_copy(Path(teacher_from) / "teacher", teacher_dir)
+        state.finish("teacher", shared.get("teacher"))
     if state.done("teacher"):
         log("[2/6] teacher: reusing the finished teacher")
         teacher = _load_saved(teacher_dir, converted=False)

@@ -134,3 +134,20 @@ def test_recipes_resolve_and_reject_unknown_keys():
         load_recipe("nope")
     result = runner.invoke(app, ["run", "--set", "stage1.lr"])
     assert result.exit_code == 1 and "is not key=value" in result.output
+
+
+def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
+    from linearize.compare import compare
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1}})
+    out = workspace / "compare"
+    table = compare(recipe, out, methods=["t2r", "elu"], seeds=[0], progress=False, log=lambda *a, **k: None)
+    labels = [row["row"] for row in table["rows"]]
+    assert labels == ["softmax (teacher)", "t2r + stage 1", "t2r, no stage 1", "elu"]
+    assert (out / "seed0" / "t2r" / "work" / "teacher").is_dir()  # fine-tuned once ...
+    assert not (out / "seed0" / "elu" / "work" / "teacher").exists()  # ... and shared
+    reports = [json.loads((out / "seed0" / name / "report.json").read_text()) for name in ("t2r", "t2r-no-stage1", "elu")]
+    assert len({json.dumps(r["scores"]["teacher"]) for r in reports}) == 1
+    assert not reports[1]["curves"]["stage1"] and reports[0]["curves"]["stage1"]
+    markdown = (out / "compare.md").read_text()
+    assert "| t2r, no stage 1 |" in markdown and "recovery %" in markdown

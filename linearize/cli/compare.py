@@ -1,0 +1,40 @@
+"""`linearize compare`: the method comparison table on one task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import app, console, friendly_errors
+from .run import SetOpt
+
+
+@app.command("compare")
+@friendly_errors
+def compare_command(
+    recipe: Annotated[Optional[str], typer.Argument(help="Recipe (default minilm-moviereviews) or YAML file.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Folder (default runs/compare-<recipe>).")] = None,
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = ",".join(
+        ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n", "elu", "cosformer"]),
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
+    without_stage1: Annotated[bool, typer.Option(
+        "--without-stage1/--no-without-stage1", help="Also run each learnable method without stage 1.")] = True,
+    set_: SetOpt = None,
+    quick: Annotated[bool, typer.Option("--quick", help="The recipe's quick version (a smoke test).")] = False,
+):
+    """Run several methods with the same budget and seeds; write compare.md / compare.json.
+
+    Example: linearize compare --methods luna,hedgehog,t2r --seeds 0,1,2
+    """
+    from ..compare import compare, render
+    from ..recipes import load_recipe, parse_set
+
+    resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
+    out = out or Path("runs") / f"compare-{resolved['name']}{'-quick' if quick else ''}"
+    table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],
+                    seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
+                    log=console.print)
+    console.print(render(table))
+    console.print(f"written to {out / 'compare.md'}")

@@ -1,0 +1,115 @@
+"""`linearize compare`: several methods on one task, same budget and seeds, one table.
+
+Rows follow the papers' tables (LUNA Table 2, Flexformer Table 3): the softmax teacher, then
+each method with stage 1 and — for methods with learnable feature maps — without it (``t2r``
+without stage 1 is the papers' "T2R", with it "T2R-HH"). Per seed one teacher is fine-tuned
+and shared by every method's run. Cells are mean ± std over seeds of the report split's
+primary metric and of the recovery; model selection only ever used the dev split.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from pathlib import Path
+
+from .attention import create_feature_map
+from .io import atomic_write_json, atomic_write_text
+from .pipeline import run
+
+DEFAULT_METHODS = ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n", "elu",
+                   "cosformer"]
+
+
+def has_learnable_parameters(method):
+    return create_feature_map(method, 8, 1).num_learnable_parameters() > 0
+
+
+def variants(methods, without_stage1=True):
+    """``[(row label, method, stage1 enabled)]`` in table order."""
+    rows = []
+    for method in methods:
+        rows.append((f"{method} + stage 1" if has_learnable_parameters(method) else method, method, True))
+        if without_stage1 and has_learnable_parameters(method):
+            rows.append((f"{method}, no stage 1", method, False))
+    return rows
+
+
+def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, progress=True, log=print):
+    """Run every (method, stage-1 variant, seed) and write ``compare.json`` and ``compare.md``."""
+    out_dir = Path(out_dir)
+    methods = methods or DEFAULT_METHODS
+    results = {}
+    for seed in seeds:
+        teacher_run = None
+        for label, method, stage1 in variants(methods, without_stage1):
+            run_recipe = copy.deepcopy(recipe)
+            run_recipe.update(method=method, seed=seed)
+            run_recipe["stage1"]["enabled"] = stage1
+            folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1"))
+            log(f"== seed {seed}: {label} -> {folder}")
+            report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
+            teacher_run = teacher_run or folder
+            results.setdefault(label, []).append(report)
+    table = summarize(results)
+    atomic_write_json(out_dir / "compare.json", table)
+    atomic_write_text(out_dir / "compare.md", render(table))
+    return table
+
+
+def _mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(results):
+    """Aggregate the reports of every row over seeds."""
+    first = next(iter(results.values()))[0]
+    metric = first["task"]["primary_metric"]
+    split = first["recovery"]["split"]
+    rows = []
+    teacher_scores = [r["scores"]["teacher"][split][metric] for reports in results.values() for r in reports[:1]]
+    teacher_by_seed = {r["seeds"]["seed"]: r["scores"]["teacher"][split][metric]
+                       for reports in results.values() for r in reports}
+    mean, std = _mean_std(list(teacher_by_seed.values()) or teacher_scores)
+    rows.append({"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
+                 "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None, "seeds": len(
+                     teacher_by_seed)})
+    for label, reports in results.items():
+        metric_mean, metric_std = _mean_std([r["scores"]["student"][split][metric] for r in reports])
+        rec_mean, rec_std = _mean_std([r["recovery"]["per_metric"].get(metric) for r in reports])
+        kl_mean, _ = _mean_std([r["attention"]["mean_kl_after"] for r in reports])
+        latency, _ = _mean_std([r["latency"]["student_ms"] for r in reports])
+        teacher_latency, _ = _mean_std([r["latency"]["teacher_ms"] for r in reports])
+        rows.append({"row": label, "metric_mean": metric_mean, "metric_std": metric_std, "recovery_mean": rec_mean,
+                     "recovery_std": rec_std, "parameters_added": reports[0]["model"]["parameters_added"],
+                     "parameters_added_percent": reports[0]["model"]["parameters_added_percent"],
+                     "kl_mean": kl_mean, "latency_ms": latency, "teacher_latency_ms": teacher_latency,
+                     "seconds_mean": _mean_std([r["timing"]["stage1_seconds"] + r["timing"]["stage2_seconds"]
+                                                for r in reports])[0],
+                     "seeds": len(reports)})
+    return {"task": first["task"]["name"], "model": first["model"]["source"], "metric": metric, "split": split,
+            "latency_seq_len": first["latency"]["seq_len"], "rows": rows,
+            "recipe": first["recipe"]["name"]}
+
+
+def render(table):
+    def cell(mean, std, fmt="{:.3f}"):
+        if mean is None:
+            return "—"
+        return fmt.format(mean) + (f" ± {fmt.format(std)}" if std else "")
+
+    lines = [f"| {table['model']} on {table['task']} | {table['metric']} ({table['split']}) | recovery % | "
+             f"attention KL after stage 1 | params added | latency ms (N={table['latency_seq_len']}) | "
+             "conversion time s | seeds |",
+             "|:--|--:|--:|--:|--:|--:|--:|--:|"]
+    for row in table["rows"]:
+        params = f"{row['parameters_added']:,}" + (f" ({row['parameters_added_percent']:.2f}%)"
+                                                    if row.get("parameters_added_percent") else "")
+        lines.append(f"| {row['row']} | {cell(row['metric_mean'], row['metric_std'])} | "
+                     f"{cell(row['recovery_mean'], row['recovery_std'], '{:.1f}')} | "
+                     f"{cell(row['kl_mean'], None)} | {params} | {cell(row['latency_ms'], None, '{:.1f}')} | "
+                     f"{cell(row.get('seconds_mean'), None, '{:.0f}')} | {row['seeds']} |")
+    return "\n".join(lines) + "\n"
