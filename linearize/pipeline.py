@@ -371,6 +371,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
             teacher_result["finetuned"] = True
         else:
             log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
+            check_head(teacher, spec, recipe["model"])
         teacher.eval()
         _save_model(teacher, processor, teacher_dir)
         teacher_result["scores"] = scores(teacher, eval_loaders, spec, splits)
@@ -540,10 +541,20 @@ def load_model_for_task(model, spec, head=None):
     return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
 
 
+def check_head(model, spec, name):
+    """A model used as it is must have the task's number of outputs."""
+    labels = getattr(model.config, "num_labels", None)
+    if labels is not None and labels != spec.num_labels:
+        raise LinearizeError(f"{name} has {labels} labels but task {spec.name} has {spec.num_labels}: its head "
+                             "cannot serve this task; fine-tune a checkpoint with a new head instead")
+
+
 def _stage_inputs(model, task, data, head=None):
     recipe = stage_recipe(model, task, data=data)
     loaded, spec = load_data(recipe)
     net, converted = load_model_for_task(model, spec, head)
+    if converted:
+        check_head(net, spec, model)
     processor = load_processor(recipe, spec)
     return recipe, loaded, spec, net, converted, processor
 
@@ -559,6 +570,10 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
         if method is None:
             raise LinearizeError(f"{model} is not a converted model: pass --method to convert it first")
         convert(net, method, layers=layers, source=str(model), **(options or {}))
+    if not any(p.numel() for fm in feature_maps_of(net).values() for p in fm.parameters()):
+        method_name = linearize_config(net)["method"]
+        raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
+                             "train; fine-tune it directly with `linearize finetune`")
     config = config or DistillConfig()
     loaders = make_loaders(recipe, loaded, spec, processor, batch_size, config.seed)
     result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
@@ -594,6 +609,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
 def evaluate_model(model, task, *, data=None, head=None, batch_size=64):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
     recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data, head)
+    check_head(net, spec, model)
     recipe["eval"]["batch_size"] = batch_size
     loaders = make_loaders(recipe, loaded, spec, processor, batch_size, 0)
     splits = [s for s in loaded if s != "train"]

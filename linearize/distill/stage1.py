@@ -154,7 +154,6 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     resumable checkpoint is kept there every ``config.checkpoint_every`` steps; a run started
     with the same folder resumes where the last one stopped.
     """
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     config = config or DistillConfig()
@@ -162,7 +161,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     params = [p for fm in maps.values() for p in fm.parameters()]
     method = next(iter(maps.values())).name if maps else None
     eval_loader = eval_loader if eval_loader is not None else train_loader
-    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
     set_seed(config.seed)
     model.to(accelerator.device)
     if not params:
@@ -236,6 +235,16 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
     return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
             "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
+
+
+def make_accelerator(mixed_precision="no", seed=0):
+    """An ``Accelerator`` whose shuffling depends only on (seed, epoch): a resumed run sees
+    exactly the batches an uninterrupted one would."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    return Accelerator(mixed_precision=mixed_precision,
+                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
 
 
 def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..distill.stage1 import _progress, _scheduler
+from ..distill.stage1 import _progress, _scheduler, make_accelerator
 
 
 @dataclass
@@ -99,13 +99,12 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     (by the dev metric) are restored before returning; ``output_dir`` holds the resumable state.
     Returns ``{best_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
     """
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from ..metrics import primary_metric
 
     config = config or FinetuneConfig()
-    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision)
+    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
     set_seed(config.seed)
     primary = primary_metric(task)
     output_dir = Path(output_dir)
@@ -165,13 +164,13 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         else:
             meta["stale"] += 1
         meta["seconds"] = time.perf_counter() - start
-        log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
-            f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
         accelerator.save_state(str(state_dir))
         if accelerator.is_main_process:
             from ..io import atomic_write_json
 
             atomic_write_json(meta_path, meta)
+        log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
+            f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
     bar.close()
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)

@@ -1,0 +1,245 @@
+"""The recovery report: report.json -> report.md + figures, and `linearize report RUN_DIR`."""
+
+import json
+import math
+import random
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+import linearize.cli.report  # noqa: F401  (registers `report` until cli/__init__ imports it)
+from linearize.cli import app
+from linearize.errors import LinearizeError
+from linearize.report import load_report, make_figures, render_markdown, render_report, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+runner = CliRunner()
+
+
+def _softmaxish(values):
+    total = sum(values)
+    return [v / total for v in values]
+
+
+def full_report():
+    """A realistic report of a MiniLM -> LUNA run on movie reviews (every section present)."""
+    rng = random.Random(0)
+    layers = list(range(6))
+    per_layer = []
+    for layer in layers:
+        teacher_entropy = 2.0 - 0.1 * layer
+        kl_before = 1.0 + 0.05 * layer
+        kl_after = 0.55 + 0.04 * layer + (0.35 if layer == 4 else 0.0)
+        per_layer.append({"layer": layer, "ce_before": teacher_entropy + kl_before, "kl_before": kl_before,
+                          "ce_after": teacher_entropy + kl_after, "kl_after": kl_after,
+                          "teacher_entropy": teacher_entropy, "student_entropy": teacher_entropy + 0.3})
+    grid = [-4 + 8 * i / 199 for i in range(200)]
+    edges = [-4 + 8 * i / 40 for i in range(41)]
+    counts = [round(1000 * math.exp(-0.5 * ((a + b) / 2) ** 2)) for a, b in zip(edges, edges[1:])]
+
+    def channels(seed):
+        r = random.Random(seed)
+        params = [(r.uniform(-1.5, 1.5), r.uniform(-1, 1)) for _ in range(8)]
+        params[5] = (0.0, -1.0)  # a dead channel
+        return [[max(0.0, a * u + b + 0.2 * math.sin(u)) for a, b in params] for u in grid]
+
+    sentence = ["[CLS]", "a", "gripping", ",", "beautifully", "acted", "film", "about", "loss", "and", "memory",
+                "that", "never", "quite", "finds", "its", "footing", "in", "the", "final", "act", ".", "[SEP]"]
+    teacher_w = _softmaxish([3.0] + [rng.uniform(0.1, 1.0) for _ in sentence[1:-1]] + [4.0])
+    student_w = _softmaxish([1.0] + [rng.uniform(0.3, 1.0) for _ in sentence[1:-1]] + [1.5])
+    short = ["[CLS]", "dull", "and", "lifeless", ".", "[SEP]"]
+    return {
+        "schema": "linearize.report", "schema_version": 1, "created": "2026-11-22T07:00:00Z",
+        "recipe": {"name": "minilm-luna-moviereviews", "model": "minilm", "task": "moviereviews", "method": "luna",
+                   "options": {"projections": 8, "channels": 8, "hidden": 64}, "layers": None, "seed": 0,
+                   "teacher": {"epochs": 3, "lr": 5e-5, "batch_size": 32},
+                   "stage1": {"epochs": 1, "lr": 1e-3, "scheduler": "cosine"},
+                   "stage2": {"epochs": 3, "lr": 5e-5, "batch_size": 32},
+                   "data": {"max_length": 64, "train": 2880, "validation": 320, "test": 800}},
+        "task": {"name": "moviereviews", "kind": "text", "metric_names": ["accuracy"], "primary_metric": "accuracy",
+                 "selection_split": "validation", "report_split": "test",
+                 "num_examples": {"train": 2880, "validation": 320, "test": 800}},
+        "model": {"source": "minilm", "architecture": "BertForSequenceClassification", "method": "luna",
+                  "options": {"projections": 8}, "layers": layers, "num_attention_layers": 6,
+                  "parameters_base": 22713986, "parameters_added": 5472, "parameters_added_percent": 0.0241},
+        "scores": {"teacher": {"validation": {"accuracy": 0.8125}, "test": {"accuracy": 0.815}},
+                   "student_stage1": {"validation": {"accuracy": 0.74}, "test": {"accuracy": 0.7417}},
+                   "student": {"validation": {"accuracy": 0.80}, "test": {"accuracy": 0.8003}}},
+        "recovery": {"split": "test", "per_metric": {"accuracy": 98.2}, "average": 98.2,
+                     "stage1_per_metric": {"accuracy": 91.0}, "stage1_average": 91.0},
+        "attention": {"per_layer": per_layer, "mean_kl_before": 1.125, "mean_kl_after": 0.71,
+                      "stage1_skipped": False},
+        "timing": {"teacher_seconds": 246.0, "stage1_seconds": 120.0, "stage2_seconds": 570.0,
+                   "total_seconds": 951.0},
+        "latency": {"seq_len": 64, "batch_size": 32, "teacher_ms": 40.1, "student_ms": 38.0, "speedup": 1.055},
+        "curves": {
+            "teacher": [{"epoch": e, "step": 90 * e, "train_loss": 0.6 / e, "lr": 5e-5 * (1 - e / 4),
+                         "dev_accuracy": 0.78 + 0.012 * e} for e in (1, 2, 3)],
+            "stage1": [{"step": s, "ce": 3.1 - 0.4 * (1 - math.exp(-s / 30)) + rng.gauss(0, 0.04),
+                        "kl": 1.12 - 0.4 * (1 - math.exp(-s / 30)) + rng.gauss(0, 0.04), "lr": 1e-3}
+                       for s in range(1, 91)],
+            "stage2": [{"epoch": e, "step": 90 * e, "train_loss": 0.55 / e, "lr": 5e-5,
+                        "dev_accuracy": acc} for e, acc in ((1, 0.78), (2, 0.80), (3, 0.795))]},
+        "visuals": {
+            "luna_channels": [
+                {"layer": 0, "grid": grid, "psi": channels(1), "hist_edges": edges, "hist_counts": counts},
+                {"layer": 5, "grid": grid, "psi": channels(2), "hist_edges": edges, "hist_counts": counts}],
+            "cls_attention": [
+                {"text": " ".join(sentence[1:-1]), "tokens": sentence, "teacher": teacher_w, "student": student_w,
+                 "layer": 5},
+                {"text": "dull and lifeless.", "tokens": short, "teacher": _softmaxish([2, 1, 0.2, 1.5, 0.3, 3]),
+                 "student": _softmaxish([1, 0.8, 0.5, 1.0, 0.5, 1]), "layer": 5}]},
+        "seeds": {"seed": 0},
+        "environment": {"python": "3.11.2", "torch": "2.9.0", "transformers": "5.23.0", "linearize": "0.1.0",
+                        "platform": "Linux-x86_64", "cpu": "x86_64", "threads": 2},
+        "data_hash": "sha256:0123456789abcdef",
+    }
+
+
+def minimal_report():
+    """A T2R run without stage 1 and without visuals, curves, timing or latency."""
+    report = full_report()
+    for key in ("recovery", "curves", "visuals", "timing", "latency", "seeds", "environment", "data_hash"):
+        del report[key]
+    del report["scores"]["student_stage1"]
+    report["model"]["method"] = "t2r"
+    report["attention"] = {"per_layer": [{"layer": r["layer"], "ce_before": r["ce_before"], "kl_before": r["kl_before"],
+                                          "teacher_entropy": r["teacher_entropy"],
+                                          "student_entropy": r["student_entropy"]}
+                                         for r in report["attention"]["per_layer"]],
+                           "mean_kl_before": 1.125, "stage1_skipped": True}
+    return report
+
+
+def assert_png(path, min_bytes=8000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > min_bytes, (path, len(data))
+
+
+def test_full_report_renders_markdown_and_all_figures(tmp_path):
+    report = full_report()
+    written = write_report(report, tmp_path)
+    assert report["figures"] == ["figures/curves.png", "figures/per_layer_kl.png", "figures/luna_channels.png",
+                                 "figures/cls_attention.png"]
+    for figure in report["figures"]:
+        assert_png(tmp_path / figure)
+    assert {p.name for p in written} >= {"report.json", "report.md", "curves.png"}
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["figures"] == report["figures"] and saved["scores"] == report["scores"]
+    assert not [p for p in tmp_path.rglob(".*")]  # no temporary file left behind
+
+    md = (tmp_path / "report.md").read_text()
+    assert md == render_markdown(saved)
+    assert md.startswith("# minilm → luna on moviereviews\n")
+    assert "keeps 98.2% of the teacher's accuracy on the test split" in md
+    assert "(student 0.800, teacher 0.815)" in md and "kept 91.0%" in md
+    # LUNA Table 2 style: teacher / after stage 1 / after stage 2, score and recovery
+    assert "| teacher (softmax) | 0.815 | 100.0% |" in md
+    assert "| student after stage 1 | 0.742 | 91.0% |" in md
+    assert "| student after stage 2 | 0.800 | **98.2%** |" in md
+    assert "accuracy (validation)" in md and "0.812" in md
+    assert "5,472 (0.0241% of 22,713,986)" in md
+    # per-layer table with before -> after and the worst layer (4) highlighted
+    assert "| 0 | 3.000 → 2.550 | 1.000 → 0.550 | 2.000 | 2.300 | +0.300 |" in md
+    assert "| **4** | **2.800 → 2.660** | **1.200 → 1.060** | 1.600 | 1.900 | +0.300 | ◀ worst |" in md
+    assert "layer 4 lags most" in md.lower() and "1.125 → 0.710" in md
+    assert "4.1 min" in md and "9.5 min" in md and "15.8 min" in md
+    assert "40.1 ms" in md and "38.0 ms" in md and "1.05×" in md
+    for figure in report["figures"]:
+        assert f"]({figure})" in md
+    assert "```yaml\nname: minilm-luna-moviereviews\n" in md and "lr: 0.001" in md
+    assert "sha256:0123456789abcdef" in md and "`5.23.0`" in md and "standard error" in md
+
+
+def test_minimal_report_omits_the_missing_parts(tmp_path):
+    report = minimal_report()
+    write_report(report, tmp_path)
+    assert report["figures"] == ["figures/per_layer_kl.png"]
+    assert_png(tmp_path / "figures" / "per_layer_kl.png", min_bytes=4000)
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# minilm → t2r on moviereviews")
+    assert "keeps 98.2% of the teacher's accuracy" in md  # recovery computed from the scores
+    assert "student after stage 1" not in md and "kept" not in md
+    assert "Stage 1 was skipped" in md and "KL (untrained)" in md and "→" not in md.split("## Attention")[1]
+    for absent in ("## Time", "## Inference latency", "curves.png", "luna_channels", "cls_attention", "data hash"):
+        assert absent not in md
+
+
+def test_bare_minimum_report_still_renders():
+    report = {"schema": "linearize.report", "schema_version": 1, "recipe": {}, "task": {}, "model": {},
+              "scores": {"teacher": {"test": {"accuracy": 0.9}}}}
+    md = render_markdown(report)
+    assert md.startswith("# model → linear attention on task")
+    assert "recovery is unknown" in md
+
+
+def test_multi_metric_and_image_report(tmp_path):
+    report = full_report()
+    report["task"].update(name="mrpc", metric_names=["f1", "accuracy"], primary_metric="combined")
+    report["scores"] = {"teacher": {"test": {"f1": 0.88, "accuracy": 0.84}},
+                        "student": {"test": {"f1": 0.86, "accuracy": 0.80}}}
+    del report["recovery"]
+    md = render_markdown(report)
+    assert "keeps 96.5% of the teacher's score on the test split" in md
+    assert "0.860 (97.7%)" in md and "0.800 (95.2%)" in md
+
+    report = {key: full_report()[key] for key in ("schema", "schema_version", "recipe", "task", "model", "scores")}
+    report["task"]["kind"] = "image"
+    rng = random.Random(1)
+    report["visuals"] = {"cls_attention": [
+        {"image_index": 3, "grid": [7, 7], "teacher": _softmaxish([rng.random() ** 3 for _ in range(49)]),
+         "student": _softmaxish([rng.random() for _ in range(49)]), "layer": 11,
+         "pixels": [[(i * 9 + j * 5) % 256 for j in range(28)] for i in range(28)]}]}
+    figures = make_figures(report, tmp_path)
+    assert figures == ["figures/cls_attention.png"]
+    assert_png(tmp_path / "figures" / "cls_attention.png")
+
+
+def test_load_report_rejects_bad_inputs(tmp_path):
+    with pytest.raises(LinearizeError, match="no report at"):
+        load_report(tmp_path)
+    path = tmp_path / "report.json"
+    for content, message in (("{not json", "is not valid JSON"),
+                             ("[1, 2]", "is not a JSON object"),
+                             (json.dumps({**full_report(), "schema": "other"}), "has schema 'other'"),
+                             (json.dumps({**full_report(), "schema_version": 2}), "upgrade linearize"),
+                             (json.dumps({**full_report(), "schema_version": "1"}), "schema_version '1'"),
+                             (json.dumps({k: v for k, v in full_report().items() if k != "scores"}),
+                              "lacks the section(s) scores")):
+        path.write_text(content)
+        with pytest.raises(LinearizeError, match=re.escape(message)) as error:
+            load_report(path)
+        assert "\n" not in str(error.value)
+    path.write_text(json.dumps(full_report()))
+    assert load_report(tmp_path)["task"]["name"] == "moviereviews"
+
+
+def test_cli_rerenders_from_report_json(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps(full_report()))  # as the pipeline leaves it
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "report.md" in result.output and "4 figure(s)" in result.output
+    assert "keeps 98.2%" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "report.json").read_text())["figures"][0] == "figures/curves.png"
+    assert_png(tmp_path / "figures" / "curves.png")
+    # the report.json path works too; a figure whose data vanished is removed
+    report = full_report()
+    del report["visuals"]["cls_attention"]
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert render_report(tmp_path / "report.json")[1] == tmp_path / "report.md"
+    assert not (tmp_path / "figures" / "cls_attention.png").exists()
+    assert "cls_attention" not in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong_version"])
+def test_cli_bad_inputs_are_one_line_errors(tmp_path, case):
+    if case == "wrong_version":
+        (tmp_path / "report.json").write_text(json.dumps({**full_report(), "schema_version": 7}))
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert ("no report at" if case == "missing" else "schema_version 7") in lines[0]
+    assert not (tmp_path / "report.md").exists()
