@@ -130,6 +130,8 @@ def test_recipes_resolve_and_reject_unknown_keys():
     assert (bert["stage2"]["lr"], bert["stage2"]["batch_size"], bert["stage2"]["patience"]) == (1e-5, 8, 3)
     with pytest.raises(linearize.errors.LinearizeError, match="unknown recipe key 'stage1.learning_rate'"):
         load_recipe(overrides={"stage1": {"learning_rate": 1}})
+    with pytest.raises(linearize.errors.LinearizeError, match="did you mean 'stage1.epochs'"):
+        load_recipe(overrides={"stage1": {"epoch": 1}})
     with pytest.raises(linearize.errors.LinearizeError, match="no recipe 'nope'; built-in recipes"):
         load_recipe("nope")
     result = runner.invoke(app, ["run", "--set", "stage1.lr"])

@@ -8,6 +8,7 @@ against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones).
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 
 import yaml
@@ -61,7 +62,9 @@ def _merge(base, update, path=""):
     for key, value in (update or {}).items():
         where = f"{path}{key}"
         if key not in base:
-            raise LinearizeError(f"unknown recipe key {where!r}; valid keys{' in ' + path[:-1] if path else ''}: "
+            close = difflib.get_close_matches(str(key), list(base), n=1)
+            hint = f"did you mean {path + close[0]!r}? " if close else ""
+            raise LinearizeError(f"unknown recipe key {where!r}; {hint}valid keys{' in ' + path[:-1] if path else ''}: "
                                  f"{', '.join(base)}")
         if isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
             if not isinstance(value, dict):
