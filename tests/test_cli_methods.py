@@ -21,3 +21,14 @@ def test_methods_rejects_bad_options_in_one_line():
     assert "unknown option(s) bogus; valid options:" in result.output
     result = runner.invoke(app, ["methods", "--option", "projections"])
     assert result.exit_code == 1 and "is not key=value" in result.output
+
+
+def test_bench_command_writes_its_files(tmp_path):
+    import json
+
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path), "--methods", "relu,luna", "--seq-lens", "16,32",
+                                 "--model", "none", "--repeats", "1", "--warmup", "0", "--no-memory"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert [row["seq_len"] for row in data["attention"]] == [16, 32]
+    assert (tmp_path / "bench.md").is_file() and (tmp_path / "bench.png").stat().st_size > 1000

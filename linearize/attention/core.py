@@ -38,6 +38,11 @@ remote code):
   (Flexformer's trigonometric features), a denominator with |·| < ε is replaced by ±ε
   (sign kept, 0 → +ε), so the weights stay finite; the fraction of negative kernel values is
   reported by :func:`kernel_statistics`.
+- Speed (inference): when no gradient is needed and the map is ``chunkable``, long sequences
+  are processed in chunks of tokens (the same sums; the running key max above is kept online),
+  so no full-length feature tensor is ever allocated: extra memory is the output plus
+  O(chunk·D + D·d), and the temporaries stay in cache. Training (autograd) uses the one-shot
+  form. Every fast path is tested against :func:`quadratic_attention`.
 """
 
 from __future__ import annotations
@@ -58,8 +63,23 @@ def _key_mask(key_padding_mask, batch, seq, device):
     return key_padding_mask.to(device=device, dtype=torch.float32)
 
 
-def _guard(den, eps):
-    """Keep a normaliser away from zero: |den| < eps becomes ±eps (0 → +eps)."""
+def _cast_finite(out, dtype):
+    """Cast the float32 result to the model's dtype without overflowing to ±inf (fp16's range is
+    65504: a nearly cancelling Flexformer normaliser can give larger values)."""
+    if out.dtype != dtype and dtype in (torch.float16, torch.bfloat16):
+        limit = torch.finfo(dtype).max
+        out = out.clamp(-limit, limit)
+    return out.to(dtype)
+
+
+def _guard(den, eps, feature_map=None):
+    """Keep a normaliser away from zero: |den| < eps becomes ±eps (0 → +eps).
+
+    A map with non-negative features (``feature_map.nonnegative``) gives ``den = φ(q)·Σφ(k) + ε
+    >= ε`` already (a float sum of non-negative terms is non-negative), so it is returned as is.
+    """
+    if getattr(feature_map, "nonnegative", False):
+        return den
     sign = torch.where(den < 0, -1.0, 1.0).to(den.dtype)
     return sign * den.abs().clamp_min(eps)
 
@@ -67,12 +87,14 @@ def _guard(den, eps):
 def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
     """φ(Q) and φ(K) in float32, stabilised and with padded keys zeroed.
 
-    Returns ``(phi_q [B,H,Nq,D], phi_k [B,H,Nk,D], key_mask [B,Nk])``.
+    Returns ``(phi_q [B,H,Nq,D], phi_k [B,H,Nk,D], key_mask [B,Nk])``. Each map is evaluated
+    once per tensor; without a padding mask no masking op touches the features.
     """
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else float(scale)
     root = scale**0.5
     batch, _, seq_k, _ = k.shape
+    padded = key_padding_mask is not None
     mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
     query_mask = mask if q.shape[2] == seq_k else None
     phi_q, _ = feature_map(q.float() * root, mask=query_mask)  # per-query log-scale cancels
@@ -80,29 +102,146 @@ def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
     key_mask = mask[:, None, :, None]  # [B,1,Nk,1]
     if log_k is not None:
         # Subtract the max over real keys of each (sequence, head): a constant that cancels.
-        masked = log_k.masked_fill(key_mask == 0, float("-inf"))
+        masked = log_k.masked_fill(key_mask == 0, float("-inf")) if padded else log_k
         shift = masked.amax(dim=(2, 3), keepdim=True).detach()
         shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-        phi_k = phi_k * torch.exp((log_k - shift).clamp_max(0.0).masked_fill(key_mask == 0, 0.0))
-    phi_k = phi_k * key_mask
+        factor = (log_k - shift).clamp_max(0.0)
+        if padded:
+            factor = factor.masked_fill(key_mask == 0, 0.0)
+        factor = torch.exp(factor)  # [B,H,Nk,1]: one multiply of the features below
+        phi_k = phi_k * (factor * key_mask if padded else factor)
+    elif padded:
+        phi_k = phi_k * key_mask
     return phi_q, phi_k, mask
 
 
-def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
+def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS, chunk_size=None):
     """Linear attention ``φ(Q)(φ(K)ᵀV) / (φ(Q)φ(K)ᵀ1 + ε)`` without an N×N matrix.
 
     Katharopoulos et al. 2020, eq. 5-6, with the guarded normaliser described in the module
     docstring. Returns a tensor shaped and typed like ``v`` (but with ``q``'s sequence length).
+
+    Two batched matrix products do all the work: ``V`` gets a column of ones, so
+    ``φ(K)ᵀ[V, 1]`` holds the state ``Σ φ(k_j) v_jᵀ`` and the normaliser sums ``Σ φ(k_j)`` side
+    by side, and ``φ(Q)·that`` (with the ε terms as the added bias of one ``baddbmm``) gives
+    numerator and denominator together.
+
+    Inference (no gradient needed) with a chunkable map (``feature_map.chunkable``) runs over
+    the sequence in chunks of ``chunk_size`` tokens (default: about ``CHUNK_ELEMENTS`` feature
+    values per chunk): the same sums, but features and temporaries stay small and cache-resident,
+    so the extra memory is O(chunk·D + D·d) besides the output (see :func:`_chunked_attention`).
     """
+    if getattr(feature_map, "chunkable", False) and not _grad_needed(feature_map, q, k, v):
+        batch, heads = k.shape[:2]
+        chunk = _chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
+        if max(q.shape[2], k.shape[2]) > chunk and k.shape[2] > 0:
+            return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     vf = v.float()
-    kv = torch.einsum("bhnf,bhnd->bhfd", phi_k, vf)  # Σ_j φ(k_j) v_jᵀ  [B,H,D,d]
-    z = phi_k.sum(dim=2)  # Σ_j φ(k_j)  [B,H,D]
-    n_real = mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]  # [B,1,1,1]
-    v_sum = torch.einsum("bn,bhnd->bhd", mask, vf)[:, :, None, :]  # Σ_j v_j over real keys
-    num = torch.einsum("bhnf,bhfd->bhnd", phi_q, kv) + (eps / n_real) * v_sum
-    den = torch.einsum("bhnf,bhf->bhn", phi_q, z)[..., None] + eps
-    return (num / _guard(den, eps)).to(v.dtype)
+    batch, heads, seq_q, dim_f = phi_q.shape
+    dim_v = vf.shape[-1]
+    v_one = torch.cat([vf, vf.new_ones(()).expand(*vf.shape[:-1], 1)], dim=-1)  # [B,H,Nk,d+1]
+    state = phi_k.transpose(-1, -2) @ v_one  # [B,H,D,d+1]: [Σ φ(k_j) v_jᵀ, Σ φ(k_j)]
+    if key_padding_mask is None:
+        real = v_one.sum(dim=2, keepdim=True)  # [B,H,1,d+1]: [Σ v_j, n]
+    else:
+        real = mask[:, None, None, :] @ v_one  # sums over real keys only
+    n_real = real[..., dim_v:].clamp_min(1.0)
+    bias = torch.cat([real[..., :dim_v] * (eps / n_real), torch.full_like(n_real, eps)], dim=-1)
+    rows = batch * heads
+    num_den = torch.baddbmm(bias.reshape(rows, 1, dim_v + 1), phi_q.reshape(rows, seq_q, dim_f),
+                            state.reshape(rows, dim_f, dim_v + 1)).view(batch, heads, seq_q, dim_v + 1)
+    out = num_den[..., :dim_v] / _guard(num_den[..., dim_v:], eps, feature_map)
+    return _cast_finite(out, v.dtype)
+
+
+#: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (2 MiB fp32):
+#: 512 tokens of MiniLM-geometry LUNA (12 heads × 64 features); measured best at 512-1024 tokens
+CHUNK_ELEMENTS = 2**19
+
+
+def _grad_needed(feature_map, *tensors):
+    """True if autograd could want a gradient from this call (then no chunking: training keeps the
+    one-shot graph)."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in feature_map.parameters())
+
+
+def _chunk_tokens(rows, feature_dim, chunk_size):
+    if chunk_size is not None:
+        return max(1, int(chunk_size))
+    tokens = CHUNK_ELEMENTS // max(1, rows * int(feature_dim))
+    return max(64, 1 << max(tokens, 1).bit_length() - 1)  # a power of two, at least 64
+
+
+def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk):
+    """:func:`linear_attention` over chunks of ``chunk`` tokens, for chunkable maps without
+    autograd (features by ``feature_map.chunk_features``): keys chunk by chunk into the state ``Σ φ(k_j)[v_j, 1]``, then queries chunk by
+    chunk against it, written into the output.
+
+    Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
+    running max; when a chunk raises it, the state so far is multiplied by
+    ``exp(old max − new max)``, so every key ends up scaled by ``exp(s_j − max_j s_j)`` exactly as
+    in the one-shot path.
+    """
+    head_dim = q.shape[-1]
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    root = scale**0.5
+    batch, heads, seq_k, _ = k.shape
+    seq_q, dim_v = q.shape[2], v.shape[-1]
+    rows = batch * heads
+    padded = key_padding_mask is not None
+    mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
+    state = top = None  # [B*H, D, d+1] and the running max of the keys' log-scales [B,H,1,1]
+    for start in range(0, seq_k, chunk):  # every temporary is chunk-sized: no full-length copy
+        stop = min(start + chunk, seq_k)
+        part = mask[:, start:stop]
+        phi, log = feature_map.chunk_features(k[:, :, start:stop].float() * root, mask, start)
+        keep = part[:, None, :, None]
+        if log is not None:
+            masked = log.masked_fill(keep == 0, float("-inf")) if padded else log
+            chunk_top = masked.amax(dim=(2, 3), keepdim=True)
+            if top is None:
+                top = chunk_top
+            else:
+                new_top = torch.maximum(top, chunk_top)
+                if state is not None:
+                    rescale = torch.where(torch.isfinite(top), torch.exp(top - new_top), torch.zeros_like(top))
+                    state.mul_(rescale.reshape(rows, 1, 1))
+                top = new_top
+            shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+            factor = (log - shift).clamp_max(0.0)
+            if padded:
+                factor = factor.masked_fill(keep == 0, 0.0)
+            factor = torch.exp(factor)
+            phi = phi * (factor * keep if padded else factor)
+        elif padded:
+            phi = phi * keep
+        values = v[:, :, start:stop].float()
+        values = torch.cat([values, values.new_ones(()).expand(*values.shape[:-1], 1)], dim=-1)  # [v_j, 1]
+        phi = phi.reshape(rows, stop - start, -1).transpose(1, 2)
+        values = values.reshape(rows, stop - start, dim_v + 1)
+        state = torch.bmm(phi, values) if state is None else state.baddbmm_(phi, values)
+    vf = v.float()
+    if padded:
+        real_v = (mask[:, None, None, :] @ vf).reshape(rows, 1, dim_v)  # Σ v_j over real keys
+        n_real = mask.sum(dim=1).repeat_interleave(heads).reshape(rows, 1, 1)
+    else:
+        real_v = vf.sum(dim=2).reshape(rows, 1, dim_v)
+        n_real = torch.full((rows, 1, 1), float(seq_k), device=vf.device)
+    n_real = n_real.clamp_min(1.0)
+    bias = torch.cat([real_v * (eps / n_real), torch.full_like(n_real, eps)], dim=-1)  # [B*H, 1, d+1]
+    out = torch.empty(batch, heads, seq_q, dim_v, dtype=v.dtype, device=v.device)
+    # the queries' own mask: the keys' one for self-attention, else all real (as a None mask is)
+    query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
+    for start in range(0, seq_q, chunk):
+        stop = min(start + chunk, seq_q)
+        phi, _ = feature_map.chunk_features(q[:, :, start:stop].float() * root, query_mask, start)
+        num_den = torch.baddbmm(bias, phi.reshape(rows, stop - start, -1), state)  # [B*H, c, d+1]
+        part = num_den[..., :dim_v] / _guard(num_den[..., dim_v:], eps, feature_map)
+        out[:, :, start:stop] = _cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
+    return out
 
 
 def kernel_matrix(q, k, feature_map, key_padding_mask=None, scale=None):
@@ -125,7 +264,7 @@ def linear_attention_weights(q, k, feature_map, key_padding_mask=None, scale=Non
 def quadratic_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
     """Naive O(N²) reference: ``Â V``. Every fast path is tested against it."""
     weights = linear_attention_weights(q, k, feature_map, key_padding_mask, scale, eps)
-    return (weights @ v.float()).to(v.dtype)
+    return _cast_finite(weights @ v.float(), v.dtype)
 
 
 def softmax_attention_weights(q, k, key_padding_mask=None, scale=None, attn_bias=None):

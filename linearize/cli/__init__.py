@@ -120,4 +120,4 @@ def main():
 
 
 from . import convert  # noqa: E402,F401  (registers the commands)
-from . import compare, evaluate, push, report, run, train  # noqa: E402,F401
+from . import bench, compare, evaluate, push, report, run, train  # noqa: E402,F401

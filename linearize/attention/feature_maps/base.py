@@ -80,6 +80,11 @@ class FeatureMap(nn.Module):
     paper: str = ""
     #: the method is exact softmax (no kernel); see ``softmax.py``
     exact_softmax: bool = False
+    #: the features of a chunk of tokens can be computed alone (by :meth:`chunk_features`):
+    #: inference then runs chunk by chunk over the sequence (``core.linear_attention``)
+    chunkable: bool = False
+    #: every feature is >= 0 (so every kernel value is): the normaliser needs no sign guard
+    nonnegative: bool = False
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
@@ -92,6 +97,12 @@ class FeatureMap(nn.Module):
 
     def forward(self, x, mask=None):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def chunk_features(self, x, mask, start):
+        """Features of the chunk ``x [B,H,c,d]`` of a sequence whose full ``[B,N]`` mask is
+        ``mask``, starting at token ``start``. Only called when :attr:`chunkable`; this default
+        is for maps whose φ(x_i) depends on x_i alone."""
+        return self(x, mask=mask[:, start:start + x.shape[2]])
 
     def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
         """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``.

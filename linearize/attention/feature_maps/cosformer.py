@@ -19,6 +19,8 @@ from .base import FeatureMap, register_feature_map
 @register_feature_map
 class CosformerFeatureMap(FeatureMap):
     name = "cosformer"
+    chunkable = True
+    nonnegative = True
     paper = "cosFormer (Qin et al. 2022) eq. 9-11"
 
     def __init__(self, head_dim, num_heads=1):
@@ -29,9 +31,13 @@ class CosformerFeatureMap(FeatureMap):
         batch, _, seq, _ = x.shape
         if mask is None:
             mask = torch.ones(batch, seq, device=x.device, dtype=x.dtype)
+        return self.chunk_features(x, mask, 0)
+
+    def chunk_features(self, x, mask, start):
+        """Positions and lengths come from the full mask, so a chunk gets its own angles."""
         position = (mask.cumsum(dim=1) - 1.0).clamp_min(0.0)  # index among real tokens
         length = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
-        angle = (math.pi / 2.0) * position / length  # [B,N]
-        relu = torch.relu(x)
-        cos, sin = torch.cos(angle)[:, None, :, None], torch.sin(angle)[:, None, :, None]
-        return torch.cat([relu * cos, relu * sin], dim=-1), None
+        angle = ((math.pi / 2.0) * position / length)[:, start:start + x.shape[2]]  # [B,c]
+        trig = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)  # [B,c,2]
+        # [ReLU(x)·cos, ReLU(x)·sin] as one broadcast product: [B,H,c,2,d] -> [B,H,c,2d]
+        return (torch.relu(x)[..., None, :] * trig[:, None, :, :, None]).flatten(-2), None

@@ -23,6 +23,8 @@ from .performer import positive_random_features
 @register_feature_map
 class DarkformerFeatureMap(FeatureMap):
     name = "darkformer"
+    nonnegative = True
+    chunkable = True
     paper = "DARKFormer §4.1 eq. 3"
 
     def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, rank=None, init="identity"):

@@ -47,6 +47,7 @@ class _Flexformer(FeatureMap):
 @register_feature_map
 class FlexformerStationaryFeatureMap(_Flexformer):
     name = "flexformer-s"
+    chunkable = True
     paper = "Flexformer-s §3.2 eq. 4-5"
 
     def __init__(self, head_dim, num_heads=1, *, num_frequencies=None):
@@ -54,14 +55,15 @@ class FlexformerStationaryFeatureMap(_Flexformer):
         self.omega = _frequencies(self.num_heads, self.num_frequencies, self.head_dim)
 
     def forward(self, x, mask=None):
-        proj = torch.einsum("bhnd,hfd->bhnf", x, self.cast(self.omega, x))
-        features = torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1) / math.sqrt(self.num_frequencies)
+        proj = torch.matmul(x, self.cast(self.omega, x).transpose(1, 2))  # [B,H,N,n]
+        features = torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1).mul_(1.0 / math.sqrt(self.num_frequencies))
         return features, 0.5 * x.pow(2).sum(dim=-1, keepdim=True)
 
 
 @register_feature_map
 class FlexformerNonstationaryFeatureMap(_Flexformer):
     name = "flexformer-n"
+    chunkable = True
     paper = "Flexformer-n §3.2 eq. 6"
 
     def __init__(self, head_dim, num_heads=1, *, num_frequencies=None):
@@ -72,9 +74,11 @@ class FlexformerNonstationaryFeatureMap(_Flexformer):
 
     def forward(self, x, mask=None):
         omega1, omega2 = self.cast(self.omega1, x), self.cast(self.omega2, x)
-        mean = torch.einsum("bhnd,hfd->bhnf", x, (omega1 + omega2) / 2)
-        half_diff = torch.cos(torch.einsum("bhnd,hfd->bhnf", x, (omega1 - omega2) / 2))
-        features = torch.cat([torch.cos(mean) * half_diff, torch.sin(mean) * half_diff], dim=-1)
-        features = features / (2.0 * math.sqrt(self.num_frequencies))
+        # one product for ω'ᵀx and ω''ᵀx: [B,H,N,2n]
+        proj = torch.matmul(x, torch.cat([(omega1 + omega2) / 2, (omega1 - omega2) / 2], dim=1).transpose(1, 2))
+        mean, half_diff = proj.chunk(2, dim=-1)
+        gate = torch.cos(half_diff).mul_(1.0 / (2.0 * math.sqrt(self.num_frequencies)))
+        features = torch.cat([torch.cos(mean), torch.sin(mean)], dim=-1)  # [B,H,N,2n]
+        features = (features.unflatten(-1, (2, -1)) * gate[..., None, :]).flatten(-2)
         log_scale = x.pow(2).sum(dim=-1, keepdim=True) / torch.exp(self.cast(self.tau, x))[:, None, None]
         return features, log_scale

@@ -17,6 +17,8 @@ from .base import FeatureMap, register_feature_map
 @register_feature_map
 class HedgehogFeatureMap(FeatureMap):
     name = "hedgehog"
+    nonnegative = True
+    chunkable = True
     paper = "Hedgehog (Zhang et al. 2024) eq. 3"
 
     def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
@@ -28,5 +30,7 @@ class HedgehogFeatureMap(FeatureMap):
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 
     def forward(self, x, mask=None):
-        z = torch.einsum("bhnd,hfd->bhnf", x, self.cast(self.weight, x))
-        return torch.cat([torch.softmax(z, dim=-1), torch.softmax(-z, dim=-1)], dim=-1), None
+        weight = self.cast(self.weight, x)  # [H,d',d]
+        # one product with [W; -W] gives [Wx, -Wx]; one softmax over the two halves
+        z = torch.matmul(x, torch.cat([weight, -weight], dim=1).transpose(1, 2))  # [B,H,N,2d']
+        return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None

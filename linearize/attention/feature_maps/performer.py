@@ -37,16 +37,22 @@ def orthogonal_gaussian(rows, dim, generator):
 
 
 def positive_random_features(x, omega, num_features):
-    """FAVOR+ in log space: ``(exp(log φ − s), s)`` for ``x [B,H,N,r]``, ``omega [H,m,r]``."""
-    log_phi = (torch.einsum("bhnd,hmd->bhnm", x, omega)
-               - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - 0.5 * math.log(num_features))
-    shift = log_phi.amax(dim=-1, keepdim=True)
-    return torch.exp(log_phi - shift), shift
+    """FAVOR+ in log space: ``(exp(log φ − s), s)`` for ``x [B,H,N,r]``, ``omega [H,m,r]``.
+
+    ``log φ_i = ωᵢᵀx − ‖x‖²/2 − ½ log m`` and ``s = max_i log φ_i``; the per-token terms cancel
+    in ``log φ − s = ωᵢᵀx − max_j ωⱼᵀx``, so only the projection is touched at full width.
+    """
+    proj = torch.matmul(x, omega.transpose(1, 2))  # [B,H,N,m]
+    top = proj.amax(dim=-1, keepdim=True)
+    shift = top - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - 0.5 * math.log(num_features)
+    return torch.exp(proj - top), shift
 
 
 @register_feature_map
 class PerformerFeatureMap(FeatureMap):
     name = "performer"
+    nonnegative = True
+    chunkable = True
     paper = "Performer FAVOR+ (Choromanski et al. 2021)"
 
     def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, learnable=False):

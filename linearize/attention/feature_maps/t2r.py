@@ -20,6 +20,8 @@ from .base import FeatureMap, register_feature_map
 @register_feature_map
 class T2RFeatureMap(FeatureMap):
     name = "t2r"
+    nonnegative = True
+    chunkable = True
     paper = "T2R (Kasai et al. 2021) §3.1"
 
     def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
@@ -33,5 +35,5 @@ class T2RFeatureMap(FeatureMap):
         self.bias = nn.Parameter(torch.empty(self.num_heads, width).uniform_(-bound, bound))
 
     def forward(self, x, mask=None):
-        z = torch.einsum("bhnd,hfd->bhnf", x, self.cast(self.weight, x)) + self.cast(self.bias, x)[:, None, :]
-        return torch.relu(z), None
+        z = torch.matmul(x, self.cast(self.weight, x).transpose(1, 2))  # [B,H,N,D]
+        return torch.relu(z.add_(self.cast(self.bias, x)[:, None, :])), None

@@ -1,0 +1,658 @@
+"""Speed and memory of linear attention against softmax attention, measured side by side.
+
+``run_bench(out_dir, ...)`` measures, in one process and one run:
+
+1. **Attention layer** (MiniLM geometry by default: batch 1, 12 heads, head dim 32), for every
+   sequence length: softmax through PyTorch's ``F.scaled_dot_product_attention`` ("sdpa", the
+   best softmax path on CPU), eager softmax (``softmax(QKᵀ·scale)·V`` as explicit matmuls, what
+   Hugging Face's ``eager`` implementation does), and each method's linear path
+   (``FeatureMap.attend``, i.e. :func:`linearize.attention.linear_attention`).
+2. **Whole model** (optional): the forward of a Hugging Face model at its own lengths, softmax
+   (the model's own attention implementation, and eager) against a converted deep copy per
+   method.
+
+How it is measured:
+
+- Latency: wall-clock ``time.perf_counter`` of one forward under ``torch.inference_mode``,
+  ``warmup`` untimed rounds then ``repeats`` timed rounds. Every round runs every candidate once,
+  in an order rotated each round, so machine drift and neighbours' load hit all candidates alike.
+  Reported: the median (and min/max) per candidate, and ratios against sdpa.
+- Peak memory: the extra memory PyTorch's CPU allocator hands out during one forward, output
+  included, inputs and weights excluded: ``torch.profiler`` with ``profile_memory=True`` records
+  every allocation and free; the peak of their running sum is reported. Memory that bypasses
+  ATen's allocator (oneDNN/BLAS scratch, thread stacks) and allocator fragmentation are not
+  counted. A separate, untimed forward is profiled, so profiling overhead never enters latency.
+- Eager softmax is skipped where its two N×N matrices would exceed ``eager_max_bytes``.
+
+Outputs in ``out_dir``: ``bench.json`` (all numbers, machine info, crossovers; written
+atomically), ``bench.md`` (tables) and ``bench.png`` (log-log time and memory against N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .io import atomic_write_json, atomic_write_text
+
+DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_MODEL_SEQ_LENS = (128, 512)
+SDPA, EAGER = "sdpa", "eager"
+#: the targets of the benchmark issue (speedup of every method over sdpa at one length)
+ATTENTION_TARGET = {"seq_len": 4096, "min_speedup": 4.0}
+MODEL_TARGET = {"seq_len": 512, "max_ratio": 1.0}
+
+
+# ---- machine -------------------------------------------------------------------------------------
+
+def machine_info():
+    """CPU model, cores, memory, torch build and threads, load average."""
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu_model": cpu or platform.processor() or platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_gib": mem_gib,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "mkldnn": bool(torch.backends.mkldnn.is_available()),
+        "mkl": bool(torch.backends.mkl.is_available()),
+        "load_average_start": _load_average(),
+    }
+
+
+def _cpu_snapshot():
+    """``(wall s, CPU s busy on the whole machine, CPU s of this process)`` or None off Linux."""
+    import resource
+
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), (sum(fields[:8]) - idle) / ticks, usage.ru_utime + usage.ru_stime
+
+
+def _other_load(start, end):
+    """Average number of cores other processes kept busy between two :func:`_cpu_snapshot`."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    other = (end[1] - start[1]) - (end[2] - start[2])
+    return round(max(other, 0.0) / (end[0] - start[0]), 3)
+
+
+def _busy_warning(machine):
+    """A note when other processes used the CPU during the run: intra-op threads then wait on
+    descheduled siblings and every timing inflates, the many-small-op linear paths far more than
+    single-kernel sdpa."""
+    other = machine.get("other_processes_cores")
+    if other is None or other < 0.15:
+        return None
+    return (f"other processes kept {other:.2f} of {machine.get('usable_cores')} cores busy on average during the "
+            "run: timings are inflated and unreliable; rerun on an idle machine")
+
+
+def _load_average():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---- measurement primitives ----------------------------------------------------------------------
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    elapsed = time.perf_counter() - start
+    del out
+    return elapsed
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the profiler backend's C++ log lines (written straight to file descriptor 2)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _memory_events(prof):
+    """``[(time_ns, bytes)]`` of the CPU allocations (+) and frees (-) a profile recorded."""
+    try:
+        events = prof.profiler.kineto_results.events()
+        found = [(e.start_ns(), e.nbytes()) for e in events
+                 if e.name() == "[memory]" and "CPU" in str(e.device_type())]
+        if found or not events:
+            return found
+    except (AttributeError, RuntimeError):
+        pass
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:  # fall back on the exported trace
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    return [(e.get("ts", 0), e["args"]["Bytes"]) for e in trace.get("traceEvents", [])
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+
+
+def peak_extra_memory(fn):
+    """Peak bytes allocated by PyTorch's CPU allocator while ``fn()`` runs (its output included).
+
+    Allocations live before the call (inputs, weights) are not counted; every allocation and
+    free during the call is, via ``torch.profiler`` memory profiling, and the peak of the running
+    sum is returned.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn()
+            del out
+    running = peak = 0
+    for _, nbytes in sorted(_memory_events(prof), key=lambda item: item[0]):
+        running += nbytes
+        peak = max(peak, running)
+    return int(peak)
+
+
+def _summary(seconds):
+    ms = sorted(s * 1e3 for s in seconds)
+    return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
+
+
+def _interleaved(candidates, repeats, warmup):
+    """Time every candidate ``warmup + repeats`` rounds, all candidates once per round, in an order
+    rotated each round; return ``{label: [seconds of the timed rounds]}``."""
+    labels = list(candidates)
+    times = {label: [] for label in labels}
+    for round_index in range(warmup + repeats):
+        shift = round_index % max(len(labels), 1)
+        for label in labels[shift:] + labels[:shift]:
+            elapsed = _timed(candidates[label])
+            if round_index >= warmup:
+                times[label].append(elapsed)
+    return times
+
+
+# ---- attention layer -----------------------------------------------------------------------------
+
+def eager_softmax_attention(q, k, v, scale=None):
+    """Softmax attention as explicit matrix products (Hugging Face's ``eager`` path)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1)
+    return torch.matmul(weights, v)
+
+
+def _method_specs(methods):
+    """``[(label, method, options)]`` from names, ``(name, options)`` pairs or a ``{label: ...}`` dict."""
+    from .attention.feature_maps import methods as registered
+
+    if methods is None:
+        methods = [name for name in registered() if name != "softmax"]
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    items = methods.items() if isinstance(methods, dict) else [(None, m) for m in methods]
+    specs = []
+    for label, spec in items:
+        name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+        label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
+        if label in (SDPA, EAGER) or label in [s[0] for s in specs]:
+            raise ValueError(f"duplicate or reserved benchmark label {label!r}")
+        specs.append((label, name, options))
+    return specs
+
+
+def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32, repeats=5, warmup=2,
+                    memory=True, eager_max_bytes=8 * 2**30, seed=0, log=None):
+    """Attention-layer latency (and peak memory) of sdpa, eager softmax and each method per length."""
+    from .attention.feature_maps import create_feature_map
+
+    maps = {}
+    for label, name, options in specs:
+        torch.manual_seed(seed)
+        maps[label] = create_feature_map(name, head_dim, num_heads, **options).eval()
+    rows = []
+    for n in seq_lens:
+        generator = torch.Generator().manual_seed(seed + int(n))
+        q, k, v = (torch.randn(batch_size, num_heads, int(n), head_dim, generator=generator) for _ in range(3))
+        candidates = {SDPA: lambda: F.scaled_dot_product_attention(q, k, v)}
+        eager_bytes = 2 * batch_size * num_heads * int(n) ** 2 * 4  # scores + probabilities, float32
+        skipped = {}
+        if eager_bytes <= eager_max_bytes:
+            candidates[EAGER] = lambda: eager_softmax_attention(q, k, v)
+        else:
+            skipped[EAGER] = f"its two N×N matrices need {eager_bytes / 2**30:.1f} GiB > eager_max_bytes"
+        for label, fm in maps.items():
+            candidates[label] = (lambda fm: lambda: fm.attend(q, k, v)[0])(fm)
+        with torch.inference_mode():
+            times = _interleaved(candidates, repeats, warmup)
+            peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
+        row = {"seq_len": int(n), "results": {}, "skipped": skipped}
+        for label in candidates:
+            entry = _summary(times[label])
+            if memory:
+                entry["peak_extra_bytes"] = peaks[label]
+            row["results"][label] = entry
+        base = row["results"][SDPA]["median_ms"]
+        for entry in row["results"].values():
+            entry["time_vs_sdpa"] = entry["median_ms"] / base
+        rows.append(row)
+        if log:
+            parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
+            log(f"attention N={n}: " + ", ".join(parts) + " ms (medians)")
+        del q, k, v, candidates
+    return rows
+
+
+def crossovers(rows, labels, reference=SDPA):
+    """Per label: the first measured length from which its linear path stays faster than
+    ``reference`` (``measured``), and a log-log interpolation of where the time ratio crosses 1
+    (``estimate``, None when never crossed or faster already at the first length)."""
+    out = {}
+    for label in labels:
+        points = [(row["seq_len"], row["results"][label]["median_ms"] / row["results"][reference]["median_ms"])
+                  for row in rows if label in row["results"] and reference in row["results"]]
+        if not points:
+            continue
+        measured = None
+        for index, (n, ratio) in enumerate(points):
+            if all(r < 1.0 for _, r in points[index:]):
+                measured = n
+                break
+        estimate = None
+        if measured is not None and measured != points[0][0]:
+            index = [n for n, _ in points].index(measured)
+            (n0, r0), (n1, r1) = points[index - 1], points[index]
+            if r0 >= 1.0 > r1 and r0 > 0 and r1 > 0:
+                t = math.log(r0) / (math.log(r0) - math.log(r1))
+                estimate = round(math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0))))
+        note = ("never faster in the measured range" if measured is None else
+                f"faster from the first measured length ({measured}) on" if measured == points[0][0] else
+                f"faster from N={measured} on")
+        out[label] = {"measured": measured, "estimate": estimate, "faster_at_all_lengths": measured == points[0][0],
+                      "note": note}
+    return out
+
+
+# ---- whole model ---------------------------------------------------------------------------------
+
+def _load_model(model):
+    if not isinstance(model, (str, os.PathLike)):
+        return model
+    from .convert.loading import load_source_model
+
+    return load_source_model(str(model), head="sequence-classification", num_labels=2)
+
+
+def _model_inputs(model, batch_size, n, seed):
+    config = model.config
+    vocab = int(getattr(config, "vocab_size", 1000))
+    generator = torch.Generator().manual_seed(seed + n)
+    low = min(1000, max(vocab // 4, 1))  # ordinary word pieces, past the special tokens
+    ids = torch.randint(low, vocab, (batch_size, n), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones(batch_size, n, dtype=torch.long)}
+
+
+def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True, seed=0, log=None):
+    """Whole-model forward latency: softmax (own implementation and eager) against a converted copy
+    per method, at each length the model accepts."""
+    from .convert import convert
+
+    from .convert.api import is_converted
+
+    base = _load_model(model).eval()
+    if is_converted(base):
+        raise ValueError("bench_model needs the softmax model: this one is already converted (linearize.revert it)")
+    implementation = getattr(base.config, "_attn_implementation", None) or "default"
+    softmax_label = f"softmax ({implementation})"
+    models = {softmax_label: base}
+    if implementation != "eager" and hasattr(base, "set_attn_implementation"):
+        eager = copy.deepcopy(base)
+        try:
+            eager.set_attn_implementation("eager")
+            models["softmax (eager)"] = eager.eval()
+        except (ValueError, RuntimeError):
+            pass
+    for label, name, options in specs:
+        converted = copy.deepcopy(base)
+        torch.manual_seed(seed)
+        models[label] = convert(converted, name, **options).eval()
+    limit = getattr(base.config, "max_position_embeddings", None)
+    rows = []
+    for n in seq_lens:
+        n = int(n)
+        if limit is not None and n > int(limit):
+            if log:
+                log(f"model N={n}: skipped (longer than max_position_embeddings={limit})")
+            continue
+        batch = _model_inputs(base, batch_size, n, seed)
+        candidates = {label: (lambda m: lambda: m(**batch))(m) for label, m in models.items()}
+        with torch.inference_mode():
+            times = _interleaved(candidates, repeats, warmup)
+            peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
+        row = {"seq_len": n, "results": {}}
+        for label in candidates:
+            entry = _summary(times[label])
+            if memory:
+                entry["peak_extra_bytes"] = peaks[label]
+            row["results"][label] = entry
+        reference = row["results"][softmax_label]["median_ms"]
+        for entry in row["results"].values():
+            entry["time_vs_softmax"] = entry["median_ms"] / reference
+        rows.append(row)
+        if log:
+            parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
+            log(f"model N={n}: " + ", ".join(parts) + " ms (medians)")
+    info = {
+        "name": getattr(base.config, "_name_or_path", None) or type(base).__name__,
+        "architecture": type(base).__name__,
+        "model_type": getattr(base.config, "model_type", None),
+        "num_layers": getattr(base.config, "num_hidden_layers", None),
+        "hidden_size": getattr(base.config, "hidden_size", None),
+        "num_heads": getattr(base.config, "num_attention_heads", None),
+        "parameters": int(sum(p.numel() for p in base.parameters())),
+        "softmax_label": softmax_label,
+    }
+    return info, rows
+
+
+# ---- targets, report, plot -----------------------------------------------------------------------
+
+def _targets(attention_rows, labels, model_rows, model_labels, softmax_label):
+    targets = {}
+    row = next((r for r in attention_rows if r["seq_len"] == ATTENTION_TARGET["seq_len"]), None)
+    if row is not None:
+        per = {}
+        for label in labels:
+            speedup = row["results"][SDPA]["median_ms"] / row["results"][label]["median_ms"]
+            per[label] = {"speedup_vs_sdpa": speedup, "met": speedup >= ATTENTION_TARGET["min_speedup"]}
+        targets["attention"] = {**ATTENTION_TARGET, "methods": per, "all_met": all(p["met"] for p in per.values())}
+    row = next((r for r in model_rows if r["seq_len"] == MODEL_TARGET["seq_len"]), None)
+    if row is not None:
+        per = {}
+        for label in model_labels:
+            ratio = row["results"][label]["time_vs_softmax"]
+            per[label] = {"time_vs_softmax": ratio, "met": ratio <= MODEL_TARGET["max_ratio"]}
+        targets["model"] = {**MODEL_TARGET, "reference": softmax_label, "methods": per,
+                            "all_met": all(p["met"] for p in per.values())}
+    return targets
+
+
+def _mib(nbytes):
+    return "—" if nbytes is None else f"{nbytes / 2**20:.1f}"
+
+
+def markdown_report(result):
+    """The tables of ``bench.md``."""
+    cfg, machine = result["config"], result["machine"]
+    lines = ["# linearize benchmark: linear attention against softmax", "",
+             f"Machine: {machine['cpu_model']}, {machine['usable_cores']} usable cores, torch {machine['torch']}, "
+             f"{machine['torch_threads']} threads; load average at start {machine['load_average_start']}, "
+             f"at end {machine.get('load_average_end')}; other processes used "
+             f"{machine.get('other_processes_cores')} cores on average during the run.",
+             *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
+             f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
+             f"float32, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, candidates interleaved; "
+             "medians in ms. ×sdpa = sdpa time / method time (above 1: faster than sdpa).",
+             "Peak memory: extra MiB allocated by PyTorch's CPU allocator during one forward, output included "
+             "(torch.profiler memory events).", ""]
+    rows = result["attention"]
+    labels = [SDPA, EAGER] + result["methods"]
+    lines += ["## Attention layer: median latency (ms)", "",
+              "| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    for row in rows:
+        cells = []
+        for label in labels:
+            entry = row["results"].get(label)
+            if entry is None:
+                cells.append("skipped")
+            elif label == SDPA:
+                cells.append(f"{entry['median_ms']:.2f}")
+            else:
+                cells.append(f"{entry['median_ms']:.2f} ({1 / entry['time_vs_sdpa']:.2f}×)")
+        lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+    if any("peak_extra_bytes" in e for row in rows for e in row["results"].values()):
+        lines += ["", "## Attention layer: peak extra memory (MiB)", "",
+                  "| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+        for row in rows:
+            cells = [_mib(row["results"][label].get("peak_extra_bytes")) if label in row["results"] else "skipped"
+                     for label in labels]
+            lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Crossover against sdpa", "", "| method | faster from N | estimated crossover N |", "|---|---:|---:|"]
+    for label, cross in result["crossover"].items():
+        measured = "never" if cross["measured"] is None else (
+            f"≤ {cross['measured']}" if cross["faster_at_all_lengths"] else str(cross["measured"]))
+        lines.append(f"| {label} | {measured} | {cross['estimate'] or '—'} |")
+    if result.get("model"):
+        model = result["model"]
+        mlabels = list(model["rows"][0]["results"]) if model["rows"] else []
+        lines += ["", f"## Whole model: {model['info']['name']} ({model['info']['architecture']}), median forward ms",
+                  "", f"Ratio in brackets: time / {model['info']['softmax_label']} time (below 1: faster).", "",
+                  "| N | " + " | ".join(mlabels) + " |", "|---:|" + "---:|" * len(mlabels)]
+        for row in model["rows"]:
+            cells = [f"{row['results'][label]['median_ms']:.2f} ({row['results'][label]['time_vs_softmax']:.2f})"
+                     for label in mlabels]
+            lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+        if any("peak_extra_bytes" in e for row in model["rows"] for e in row["results"].values()):
+            lines += ["", "Whole model: peak extra memory (MiB) of one forward", "",
+                      "| N | " + " | ".join(mlabels) + " |", "|---:|" + "---:|" * len(mlabels)]
+            for row in model["rows"]:
+                cells = [_mib(row["results"][label].get("peak_extra_bytes")) for label in mlabels]
+                lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+    if result.get("targets"):
+        lines += ["", "## Targets", ""]
+        att = result["targets"].get("attention")
+        if att:
+            lines.append(f"- attention layer at N={att['seq_len']}, every method ≥ {att['min_speedup']}× faster than "
+                         f"sdpa: {'met' if att['all_met'] else 'NOT met'} ("
+                         + ", ".join(f"{k} {v['speedup_vs_sdpa']:.1f}×" for k, v in att["methods"].items()) + ")")
+        mod = result["targets"].get("model")
+        if mod:
+            lines.append(f"- whole model at N={mod['seq_len']}, converted no slower than {mod['reference']}: "
+                         f"{'met' if mod['all_met'] else 'NOT met'} ("
+                         + ", ".join(f"{k} {v['time_vs_softmax']:.2f}" for k, v in mod["methods"].items()) + ")")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result):
+    """PNG bytes of the log-log plots: attention time and memory against N (and the model)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = result["attention"]
+    labels = [SDPA, EAGER] + result["methods"]
+    has_memory = any("peak_extra_bytes" in e for row in rows for e in row["results"].values())
+    model_rows = (result.get("model") or {}).get("rows") or []
+    panels = 1 + has_memory + bool(model_rows)
+    fig = Figure(figsize=(6.2 * panels, 5.2))
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
+    styles = {SDPA: dict(color="black", linewidth=2.5), EAGER: dict(color="black", linewidth=2, linestyle="--")}
+    for label in labels:
+        points = [(row["seq_len"], row["results"][label]) for row in rows if label in row["results"]]
+        if not points:
+            continue
+        style = styles.get(label, dict(linewidth=1.3, marker="o", markersize=3))
+        axes[0].plot([n for n, _ in points], [e["median_ms"] for _, e in points], label=label, **style)
+        if has_memory:
+            axes[1].plot([n for n, _ in points], [max(e.get("peak_extra_bytes", 0), 1) / 2**20 for _, e in points],
+                         label=label, **style)
+    axes[0].set_title("attention layer: median latency")
+    axes[0].set_ylabel("ms")
+    if has_memory:
+        axes[1].set_title("attention layer: peak extra memory")
+        axes[1].set_ylabel("MiB")
+    for ax in axes[: 1 + has_memory]:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    if model_rows:
+        ax = axes[-1]
+        mlabels = list(model_rows[0]["results"])
+        width = 0.8 / max(len(model_rows), 1)
+        for i, row in enumerate(model_rows):
+            reference = row["results"][result["model"]["info"]["softmax_label"]]["median_ms"]
+            ax.bar([j + i * width for j in range(len(mlabels))], [row["results"][m]["time_vs_softmax"] for m in mlabels],
+                   width=width, label=f"N={row['seq_len']} ({reference:.1f} ms = 1)")
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks([j + width * (len(model_rows) - 1) / 2 for j in range(len(mlabels))])
+        ax.set_xticklabels(mlabels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(f"median forward time / {result['model']['info']['softmax_label']}")
+        ax.set_title(f"whole model forward: {result['model']['info']['architecture']}")
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+    cfg = result["config"]
+    fig.suptitle(f"linearize: batch {cfg['batch_size']}, {cfg['num_heads']} heads × {cfg['head_dim']}, "
+                 f"{result['machine']['torch_threads']} threads, {result['machine']['cpu_model']}", fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
+
+
+def _atomic_write_bytes(path, data):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+
+def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
+              threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
+              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print):
+    """Benchmark linear attention against softmax; write ``bench.json``, ``bench.md``, ``bench.png``.
+
+    ``methods``: method names (default: every registered method but ``softmax``), ``(name,
+    options)`` pairs, or ``{label: name or (name, options)}``. ``threads``: torch intra-op threads
+    for the run (restored after; default: leave as is). ``model``: a Hugging Face model, or a
+    name/folder for ``linearize.convert.loading.load_source_model`` (e.g. ``"minilm"``), or None
+    to skip the whole-model part. ``memory``: also profile peak memory. ``log``: a callable for
+    progress lines (None: silent).
+
+    Returns the dict written to ``bench.json``: ``machine``, ``config``, ``methods``,
+    ``attention`` (one row per length: ``results[label]`` with ``median_ms``, ``min_ms``,
+    ``max_ms``, ``runs``, ``time_vs_sdpa``, ``peak_extra_bytes``), ``crossover`` (per method),
+    ``model`` (``info`` and ``rows``) and ``targets``, plus ``files``.
+    """
+    out_dir = Path(out_dir)
+    seq_lens = [int(n) for n in seq_lens]
+    model_seq_lens = [int(n) for n in model_seq_lens or ()]
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    if not seq_lens or min(seq_lens) < 1:
+        raise ValueError(f"seq_lens must be positive lengths, got {seq_lens}")
+    specs = _method_specs(methods)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        machine = machine_info()
+        started = time.time()
+        snapshot = _cpu_snapshot()
+        attention = bench_attention(specs, seq_lens, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
+                                    repeats=repeats, warmup=warmup, memory=memory, eager_max_bytes=eager_max_bytes,
+                                    seed=seed, log=log)
+        model_part = None
+        if model is not None and model_seq_lens:
+            info, rows = bench_model(model, specs, model_seq_lens, batch_size=batch_size, repeats=repeats,
+                                     warmup=warmup, memory=memory, seed=seed, log=log)
+            model_part = {"info": info, "rows": rows}
+        machine["load_average_end"] = _load_average()
+        machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
+        machine["busy_warning"] = _busy_warning(machine)
+        labels = [label for label, _, _ in specs]
+        result = {
+            "machine": machine,
+            "config": {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,
+                       "dtype": "float32", "repeats": repeats, "warmup": warmup, "memory": memory,
+                       "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
+                       "methods": {label: {"method": name, "options": options} for label, name, options in specs},
+                       "timing": "wall clock per forward under torch.inference_mode; candidates interleaved "
+                                 "(order rotated each round); medians of the timed rounds",
+                       "memory_method": "peak of the running sum of torch.profiler CPU allocation events during "
+                                        "one separate forward (output included, inputs/weights excluded; "
+                                        "oneDNN/BLAS scratch not counted)"},
+            "methods": labels,
+            "attention": attention,
+            "crossover": crossovers(attention, labels),
+            "model": model_part,
+            "elapsed_s": round(time.time() - started, 1),
+        }
+        softmax_label = model_part["info"]["softmax_label"] if model_part else None
+        model_labels = list(labels) if model_part else []
+        result["targets"] = _targets(attention, labels, model_part["rows"] if model_part else [], model_labels,
+                                     softmax_label)
+    finally:
+        torch.set_num_threads(saved_threads)
+    files = {"json": str(out_dir / "bench.json"), "markdown": str(out_dir / "bench.md"),
+             "plot": str(out_dir / "bench.png")}
+    result["files"] = files
+    _atomic_write_bytes(files["plot"], plot(result))
+    atomic_write_text(files["markdown"], markdown_report(result))
+    atomic_write_json(files["json"], result)
+    if log:
+        if result["machine"].get("busy_warning"):
+            log("warning: " + result["machine"]["busy_warning"])
+        for label, cross in result["crossover"].items():
+            log(f"crossover {label}: {cross['note']}" + (f" (estimated N≈{cross['estimate']})" if cross["estimate"] else ""))
+        log(f"wrote {files['json']}, {files['markdown']}, {files['plot']}")
+    return result

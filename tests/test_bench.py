@@ -1,0 +1,48 @@
+"""The benchmark runs end to end on tiny settings and writes valid outputs (no timing is asserted:
+benchmarks stay out of the test suite)."""
+
+import json
+
+import torch
+
+
+def test_run_bench_writes_json_markdown_and_plot(tmp_path):
+    import transformers as T
+
+    from linearize.bench import run_bench
+
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64)
+    model = T.BertForSequenceClassification(config).eval()
+    lines = []
+    result = run_bench(tmp_path / "out", methods=["luna", "elu"], seq_lens=(16, 32), num_heads=2, head_dim=8,
+                       repeats=1, warmup=0, threads=1, model=model, model_seq_lens=(8, 128), log=lines.append)
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["methods"] == ["luna", "elu"]
+    assert [row["seq_len"] for row in data["attention"]] == [16, 32]
+    for row in data["attention"]:
+        assert set(row["results"]) == {"sdpa", "eager", "luna", "elu"}
+        for entry in row["results"].values():
+            assert entry["median_ms"] > 0 and entry["runs"] == 1 and entry["peak_extra_bytes"] >= 0
+    assert set(data["crossover"]) == {"luna", "elu"}
+    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["torch_threads"] == 1
+    assert data["machine"]["cpu_model"]
+    assert [row["seq_len"] for row in data["model"]["rows"]] == [8]  # 128 > max_position_embeddings
+    assert set(data["model"]["rows"][0]["results"]) == {"softmax (sdpa)", "softmax (eager)", "luna", "elu"}
+    assert result["attention"] == data["attention"]
+    markdown = (tmp_path / "out" / "bench.md").read_text()
+    assert "| N | sdpa | eager | luna | elu |" in markdown and "Whole model" in markdown
+    assert (tmp_path / "out" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(line.startswith("crossover luna") for line in lines)
+    assert model.config._attn_implementation != "linearize"  # the caller's model is left unconverted
+
+
+def test_eager_is_skipped_beyond_its_memory_budget(tmp_path):
+    from linearize.bench import run_bench
+
+    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8, 64), num_heads=1, head_dim=4, repeats=1, warmup=0,
+                       memory=False, eager_max_bytes=2 * 4 * 8 * 8, log=None)
+    assert "eager" in result["attention"][0]["results"]
+    assert "eager" not in result["attention"][1]["results"] and "eager" in result["attention"][1]["skipped"]
+    assert "| skipped |" in (tmp_path / "bench.md").read_text() or "skipped" in (tmp_path / "bench.md").read_text()

@@ -1,0 +1,316 @@
+"""The fast paths are exact: LUNA's knot lookup equals its MLP, and every method's fused linear
+path equals the naive quadratic reference (with and without padding, in inference mode)."""
+
+import ast
+import math
+
+import pytest
+import torch
+
+from linearize.attention import create_feature_map, kernel_matrix, linear_attention, methods, quadratic_attention
+
+B, H, N, D = 2, 3, 11, 16
+
+
+def assert_matches_reference(fm, q, k, out, ref, mask=None, atol=1e-4):
+    """Linear output against the quadratic reference. Flexformer's kernel values can be negative,
+    so a row's normaliser can nearly cancel and blow rounding up in both forms alike: such
+    ill-conditioned rows (|Σκ| < 1% of Σ|κ|) are left out, as in test_feature_maps."""
+    if fm.name.startswith("flexformer"):
+        kappa = kernel_matrix(q, k, fm, mask)
+        ok = kappa.sum(-1).abs() > 1e-2 * kappa.abs().sum(-1)
+        assert ok.float().mean() > 0.9
+        out, ref = out[ok], ref[ok]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=atol)
+
+
+def luna(shared, hidden=64, channels=8, seed=0, **options):
+    torch.manual_seed(seed)
+    return create_feature_map("luna", D, H, shared_mlp=shared, hidden=hidden, channels=channels, **options).eval()
+
+
+def knots_of(fm):
+    w1, b1 = fm.mlp_w1.detach(), fm.mlp_b1.detach()
+    return (-b1 / w1)[w1 != 0]
+
+
+def assert_lookup_equals_mlp(fm, u):
+    with torch.no_grad():
+        expected = fm.psi_mlp(u)
+        got = fm.psi_lookup(u)
+    assert got.shape == expected.shape == (*u.shape, fm.channels)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_luna_lookup_equals_mlp_on_random_values(shared):
+    fm = luna(shared)
+    u = torch.randn(4, 3, 50, 8) * 3
+    assert_lookup_equals_mlp(fm, u)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_luna_lookup_equals_mlp_exactly_at_and_next_to_knots(shared):
+    fm = luna(shared)
+    knots = knots_of(fm).float()
+    nudged = torch.stack([knots, torch.nextafter(knots, torch.tensor(-math.inf)),
+                          torch.nextafter(knots, torch.tensor(math.inf))])
+    u = nudged.reshape(-1)
+    assert_lookup_equals_mlp(fm, u)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_luna_lookup_equals_mlp_far_outside_the_knot_range(shared):
+    fm = luna(shared)
+    span = knots_of(fm).abs().max().item()
+    u = torch.tensor([-1e4, -1e3, -10 * span, -span - 1, span + 1, 10 * span, 1e3, 1e4])
+    with torch.no_grad():
+        expected, got = fm.psi_mlp(u), fm.psi_lookup(u)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_luna_lookup_handles_flat_units_and_duplicate_knots(shared):
+    fm = luna(shared, hidden=6, channels=3)
+    with torch.no_grad():
+        fm.mlp_w1[:, 0] = 0.0  # a unit without a knot: constant relu(b1)
+        fm.mlp_b1[:, 0] = 0.7
+        fm.mlp_w1[:, 1] = 0.0
+        fm.mlp_b1[:, 1] = -0.3  # constant 0
+        fm.mlp_w1[:, 2], fm.mlp_b1[:, 2] = 2.0, -1.0  # knot 0.5 ...
+        fm.mlp_w1[:, 3], fm.mlp_b1[:, 3] = -4.0, 2.0  # ... twice, with opposite slopes
+    u = torch.cat([torch.linspace(-3, 3, 601), torch.tensor([0.5, 0.5 - 1e-7, 0.5 + 1e-7])])
+    assert_lookup_equals_mlp(fm, u)
+    with torch.no_grad():
+        fm.mlp_w1.zero_()  # every unit flat: ψ is constant, a single interval
+    assert_lookup_equals_mlp(fm, u)
+
+
+def test_luna_lookup_table_follows_parameter_updates():
+    fm = luna(True)
+    u = torch.randn(200) * 2
+    assert_lookup_equals_mlp(fm, u)
+    with torch.no_grad():
+        fm.mlp_b1.add_(0.5)  # in-place update (what an optimizer step does)
+        fm.mlp_w2.mul_(-1.0)
+    assert_lookup_equals_mlp(fm, u)
+    other = luna(True, seed=5)
+    fm.load_state_dict(other.state_dict())
+    assert_lookup_equals_mlp(fm, u)
+
+
+def test_luna_lookup_is_used_only_without_gradients_for_psi():
+    fm = luna(True)
+    u = torch.randn(100, 8)
+    with torch.no_grad():
+        assert fm.lookup_applies(u)
+        assert not fm.lookup_applies(u[:10])  # tiny inputs: the MLP is faster
+    assert not fm.lookup_applies()  # training: ψ's parameters need their gradients
+    for p in (fm.mlp_w1, fm.mlp_b1, fm.mlp_w2, fm.mlp_b2):
+        p.requires_grad_(False)
+    assert fm.lookup_applies()  # ψ frozen: the lookup is exact and still differentiable in u
+    u.requires_grad_(True)
+    away = u.detach() + 0.0
+    grad_lookup, = torch.autograd.grad(fm.psi_lookup(u).sum(), u)
+    u2 = away.clone().requires_grad_(True)
+    grad_mlp, = torch.autograd.grad(fm.psi_mlp(u2).sum(), u2)
+    torch.testing.assert_close(grad_lookup, grad_mlp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"shared_mlp": False}, {"envelope": True, "ch_rms": True},
+                                     {"projections": 4, "channels": 3, "hidden": 5}])
+def test_luna_features_fast_equal_training_path(options):
+    torch.manual_seed(0)
+    fm = create_feature_map("luna", D, H, **options)
+    x = torch.randn(B, H, 40, D)
+    mask = torch.ones(B, 40)
+    mask[1, -3:] = 0
+    train, _ = fm(x, mask)  # grad enabled and ψ trainable: the MLP
+    with torch.no_grad():
+        assert fm.lookup_applies(fm.project(x))
+        fast, _ = fm(x, mask)  # the lookup (with 1/√M folded into the table on the plain path)
+    torch.testing.assert_close(fast, train.detach(), atol=1e-5, rtol=1e-5)
+
+
+CASES = [("luna", {}), ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True})] + [
+    (name, {}) for name in methods() if name not in ("luna", "softmax")]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in CASES])
+def test_fast_linear_path_equals_quadratic_reference_in_inference(name, options, padded):
+    torch.manual_seed(1)
+    fm = create_feature_map(name, D, H, **options).eval()
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    mask = None
+    if padded:
+        mask = torch.ones(B, N)
+        mask[0, -4:] = 0
+    with torch.inference_mode():
+        out, _ = fm.attend(q, k, v, mask)
+        ref = quadratic_attention(q, k, v, fm, mask)
+        assert_matches_reference(fm, q, k, out, ref, mask)
+    if padded:  # padded queries still get finite outputs, and real queries ignore padded keys
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["luna", "performer", "flexformer-n", "elu"])
+def test_fast_linear_path_long_sequence_and_cross_lengths(name):
+    torch.manual_seed(3)
+    fm = create_feature_map(name, D, H).eval()
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, H, 300, D, generator=g)
+    k, v = (torch.randn(1, H, 257, D, generator=g) for _ in range(2))
+    with torch.no_grad():
+        out = linear_attention(q, k, v, fm)
+        ref = quadratic_attention(q, k, v, fm)
+        assert out.shape == (1, H, 300, D)
+        assert_matches_reference(fm, q, k, out, ref)
+
+
+def test_fast_linear_path_keeps_low_precision_dtype():
+    fm = create_feature_map("luna", D, H).eval()
+    q, k, v = (torch.randn(B, H, N, D).to(torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        out, _ = fm.attend(q, k, v)
+        ref = quadratic_attention(q, k, v, fm)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_bundled_remote_code_compiles_with_unique_module_names():
+    from linearize.convert import remote_code
+
+    source = remote_code.bundled_sources()
+    tree = ast.parse(source)
+    compile(tree, "modeling_linearize.py", "exec")
+    defined = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            assert node.name not in defined, f"{node.name} is defined twice in the bundled remote code"
+            defined[node.name] = node
+    for node in ast.walk(tree):  # only torch, transformers and the standard library are imported
+        if isinstance(node, ast.Import):
+            roots = {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots = {(node.module or "").split(".")[0]}
+        else:
+            continue
+        assert roots <= {"torch", "transformers", "math", "inspect", "__future__"}, roots
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_luna_grid_index_equals_bucketize_everywhere(seed):
+    """The grid's interval index is exactly bucketize's: at knots, next to them, at and next to
+    every cell edge, far outside and at infinities."""
+    fm = luna(True, seed=seed)
+    lookup = fm._psi_table(torch.float32, torch.device("cpu"), 1.0)
+    grid = lookup["grid"]
+    assert grid is not None  # the default LUNA gets a grid
+    knots = lookup["knots"]
+    edges = ((torch.arange(grid["cells"] + 2, dtype=torch.float64) - grid["offset"].double())
+             / grid["inverse_width"].double()).float()
+    points = torch.cat([knots, edges, torch.randn(20000) * 5, torch.randn(2000) * 1e3,
+                        torch.tensor([0.0, -0.0, 1e30, -1e30, math.inf, -math.inf])])
+    up, down = torch.nextafter(points, torch.tensor(math.inf)), torch.nextafter(points, torch.tensor(-math.inf))
+    u = torch.cat([points, up, down])
+    expected = torch.bucketize(u, knots, right=True)
+    torch.testing.assert_close(fm.knot_index(u, lookup).long(), expected, rtol=0, atol=0)
+    nan = fm.knot_index(torch.tensor([math.nan]), lookup)  # NaN gives a valid index (and a NaN output)
+    assert 0 <= int(nan) <= knots.numel()
+    assert torch.isnan(fm.psi_lookup(torch.tensor([math.nan]))).all()
+
+
+def test_luna_without_a_grid_falls_back_to_bucketize():
+    fm = luna(False, seed=0)  # 8 MLPs x 64 knots: too dense for a uniform grid
+    lookup = fm._psi_table(torch.float32, torch.device("cpu"), 1.0)
+    assert lookup["grid"] is None
+    assert_lookup_equals_mlp(fm, torch.randn(3000) * 4)
+
+
+# ---- the chunked inference path ------------------------------------------------------------------
+
+CHUNKABLE = [("luna", {}), ("luna", {"shared_mlp": False, "envelope": True})] + [
+    (name, {}) for name in methods() if name not in ("luna", "softmax")]
+
+
+def test_chunkable_flags():
+    assert not create_feature_map("luna", D, H, ch_rms=True).chunkable  # RMS over the whole sequence
+    for name, options in CHUNKABLE:
+        assert create_feature_map(name, D, H, **options).chunkable, name
+
+
+def test_cosformer_chunk_features_equal_slices_of_the_whole():
+    fm = create_feature_map("cosformer", D, H)
+    x = torch.randn(B, H, N, D)
+    mask = torch.ones(B, N)
+    mask[1, :3] = 0
+    whole, _ = fm(x, mask)
+    for start in (0, 4, 9):
+        part, _ = fm.chunk_features(x[:, :, start:start + 4], mask, start)
+        torch.testing.assert_close(part, whole[:, :, start:start + 4])
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+@pytest.mark.parametrize("name,options", CHUNKABLE, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in CHUNKABLE])
+def test_chunked_path_equals_quadratic_reference(name, options, chunk):
+    torch.manual_seed(5)
+    fm = create_feature_map(name, D, H, **options).eval()
+    g = torch.Generator().manual_seed(6)
+    # growing norms along the sequence: later key chunks raise the running max of log-scale maps
+    growth = torch.linspace(0.3, 2.0, 23)[None, None, :, None]
+    q, k, v = (torch.randn(B, H, 23, D, generator=g) * growth for _ in range(3))
+    mask = torch.ones(B, 23)
+    mask[1, :9] = 0  # leading padding: the first chunks of sequence 1 are all padded
+    mask[1, -2:] = 0
+    for key_mask in (None, mask):
+        with torch.no_grad():
+            ref = quadratic_attention(q, k, v, fm, key_mask)
+            one_shot = linear_attention(q, k, v, fm, key_mask, chunk_size=10**9)
+            chunked = linear_attention(q, k, v, fm, key_mask, chunk_size=chunk)
+        assert chunked.shape == ref.shape and torch.isfinite(chunked).all()
+        assert_matches_reference(fm, q, k, chunked, ref, key_mask)
+        assert_matches_reference(fm, q, k, chunked, one_shot, key_mask)
+
+
+@pytest.mark.parametrize("name", ["luna", "performer", "flexformer-s", "cosformer"])
+def test_chunked_path_cross_lengths_and_low_precision(name):
+    torch.manual_seed(7)
+    fm = create_feature_map(name, D, H).eval()
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, H, 13, D, generator=g)
+    k, v = (torch.randn(1, H, 30, D, generator=g) for _ in range(2))
+    with torch.inference_mode():
+        ref = quadratic_attention(q, k, v, fm)
+        chunked = linear_attention(q, k, v, fm, chunk_size=4)
+        assert_matches_reference(fm, q, k, chunked, ref)
+        q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+        low = linear_attention(q, k, v, fm, chunk_size=4)
+        ref_low = quadratic_attention(q, k, v, fm)  # same bf16 inputs, fp32 inside, bf16 out
+    assert low.dtype == torch.bfloat16
+    assert_matches_reference(fm, q, k, low.float(), ref_low.float().bfloat16().float(), None, atol=1e-2)
+
+
+def test_chunking_is_used_only_without_gradients():
+    from linearize.attention import core
+
+    fm = create_feature_map("relu", D, H)  # no parameters: only the inputs can ask for gradients
+    q, k, v = (torch.randn(1, H, 9, D) for _ in range(3))
+    calls = []
+    original = core._chunked_attention
+    core._chunked_attention = lambda *args: calls.append(1) or original(*args)
+    try:
+        linear_attention(q, k, v, fm, chunk_size=4)
+        assert calls == [1]
+        q.requires_grad_(True)
+        out = linear_attention(q, k, v, fm, chunk_size=4)
+        assert calls == [1] and out.requires_grad  # autograd keeps the one-shot graph
+        with torch.no_grad():
+            linear_attention(q, k, v, fm, chunk_size=4)
+        assert calls == [1, 1]
+        with torch.no_grad():
+            linear_attention(q, k, v, create_feature_map("luna", D, H, ch_rms=True), chunk_size=4)
+        assert calls == [1, 1]  # ch_rms needs the whole sequence: not chunkable
+    finally:
+        core._chunked_attention = original
