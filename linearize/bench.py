@@ -57,16 +57,22 @@ MODEL_TARGET = {"seq_len": 512, "max_ratio": 1.0}
 
 # ---- machine -------------------------------------------------------------------------------------
 
-def machine_info():
-    """CPU model, cores, memory, torch build and threads, load average."""
-    cpu = None
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    import platform
+
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or None
+
+
+def machine_info():
+    """CPU model, cores, memory, torch build and threads, load average."""
+    cpu = cpu_model()
     mem_gib = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -243,14 +243,9 @@ def environment():
 
     from . import __version__
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from .bench import cpu_model
+
+    cpu = cpu_model()
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads()}
 
