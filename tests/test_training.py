@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import linearize
 from linearize.cli import app
+from linearize.convert import feature_maps_of
 from linearize.distill import DistillConfig, attention_distances, distill
 from linearize.distill import stage1 as stage1_module
 from linearize.errors import LinearizeError
@@ -241,3 +242,28 @@ def test_eval_refuses_a_head_that_cannot_serve_the_task(tiny_text, tmp_path):
                                  str(tiny_text / "glue")])
     assert result.exit_code == 1
     assert "has 3 labels but task sst2 has 2" in " ".join(result.output.split())
+
+
+def test_non_finite_losses_stop_with_the_step_named(tmp_path):
+    student = _student()
+    with torch.no_grad():
+        next(iter(feature_maps_of(student).values())).proj_weight.fill_(float("nan"))
+    with pytest.raises(LinearizeError, match="stage 1: the attention loss is nan at step 1"):
+        distill(student, _loader(), DistillConfig(), checkpoint_dir=tmp_path / "s1", progress=False,
+                log=lambda *a, **k: None)
+    model = _student()
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("inf"))
+    with pytest.raises(LinearizeError, match="fine-tuning: the loss is nan at step 1"):
+        finetune(model, _loader(), _loader(), "sst2", tmp_path / "s2", config=FinetuneConfig(epochs=1),
+                 progress=False, log=lambda *a, **k: None)
+
+
+def test_metrics_jsonl_logs_every_step(tmp_path):
+    distill(_student(), _loader(), DistillConfig(epochs=1), checkpoint_dir=tmp_path / "s1", progress=False,
+            log=lambda *a, **k: None)
+    lines = (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 7))
+    finetune(_student(), _loader(), _loader(), "sst2", tmp_path / "s2", config=FinetuneConfig(epochs=2),
+             progress=False, log=lambda *a, **k: None)
+    assert len((tmp_path / "s2" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -27,6 +27,7 @@ import torch
 
 from ..attention.core import linear_attention_weights, softmax_attention_weights
 from ..convert.api import feature_maps_of
+from ..errors import LinearizeError
 from .losses import attention_cross_entropy, attention_entropy, output_mse
 
 
@@ -184,6 +185,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     optimizer, loader, scheduler = accelerator.prepare(optimizer, train_loader, scheduler)
 
     state_path = Path(checkpoint_dir) / "stage1_state.pt" if checkpoint_dir else None
+    metrics_path = Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir and accelerator.is_main_process else None
     step, history, elapsed = 0, [], 0.0
     if state_path is not None and state_path.is_file():
         state = torch.load(state_path, map_location=accelerator.device, weights_only=False)
@@ -212,16 +214,21 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
                     for p in params:
                         if p.grad is not None:
                             p.grad = accelerator.reduce(p.grad, reduction="mean")
+                layers = recorder.per_layer()
+                loss = sum(v["ce"] for v in layers.values()) / max(len(layers), 1)
+                kl = sum(v["kl"] for v in layers.values()) / max(len(layers), 1)
+                if not math.isfinite(loss):
+                    bar.close()
+                    raise LinearizeError(f"stage 1: the attention loss is {loss} at step {step + 1}; stopped before "
+                                         "applying it (the last good checkpoint is kept): lower --lr")
                 if config.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-                layers = recorder.per_layer()
-                loss = sum(v["ce"] for v in layers.values()) / max(len(layers), 1)
-                kl = sum(v["kl"] for v in layers.values()) / max(len(layers), 1)
                 history.append({"step": step, "ce": loss, "kl": kl, "lr": scheduler.get_last_lr()[0]})
+                _append_jsonl(metrics_path, history[-1])
                 bar.update(step, f"CE {loss:.3f} KL {kl:.3f}")
                 if state_path is not None and (step % config.checkpoint_every == 0 or step == total):
                     _save_state(state_path, maps, optimizer, scheduler, step, history,
@@ -235,6 +242,17 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
     return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
             "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
+
+
+def _append_jsonl(path, entry):
+    """One line per logged step (``metrics.jsonl``): the full log of a run."""
+    if path is None:
+        return
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
 
 
 def make_accelerator(mixed_precision="no", seed=0):

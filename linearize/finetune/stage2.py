@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..distill.stage1 import _progress, _scheduler, make_accelerator
+from ..distill.stage1 import _append_jsonl, _progress, _scheduler, make_accelerator
+from ..errors import LinearizeError
 
 
 @dataclass
@@ -140,6 +141,10 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         for batch in loader:
             with accelerator.autocast():
                 loss = model(**{k: v for k, v in batch.items() if k != "idx"}).loss
+            if not torch.isfinite(loss):
+                bar.close()
+                raise LinearizeError(f"fine-tuning: the loss is {loss.item()} at step {meta['step'] + 1}; stopped "
+                                     f"(the best checkpoint so far is kept in {output_dir}): lower --lr")
             accelerator.backward(loss)
             if config.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -156,6 +161,8 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         entry = {"epoch": meta["epoch"], "step": meta["step"], "train_loss": running / max(count, 1),
                  "lr": scheduler.get_last_lr()[0], **{f"dev_{k}": v for k, v in metrics.items()}}
         meta["history"].append(entry)
+        if accelerator.is_main_process:
+            _append_jsonl(output_dir / "metrics.jsonl", entry)
         score = metrics[primary]
         if meta["best_metric"] is None or score > meta["best_metric"]:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
