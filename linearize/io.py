@@ -33,6 +33,22 @@ def _umask():
     return mask
 
 
+@contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside ``path`` to write to; on success it replaces ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_json(path, data):
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 

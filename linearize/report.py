@@ -63,9 +63,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from .errors import LinearizeError
@@ -654,24 +652,11 @@ def _new_figure(width, height):
 
 
 def _save_figure(fig, path):
-    """Save to a temporary file beside ``path`` and ``os.replace`` it: never a half-written PNG."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png.tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; a figure is as readable as any other
+    """Save through a temporary file beside ``path`` (``io.atomic_path``): never a half-written PNG."""
+    from .io import atomic_path
+
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=fig.dpi, facecolor="white")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _style(ax):

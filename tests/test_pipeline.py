@@ -4,8 +4,6 @@ import csv
 import json
 
 import pytest
-import torch
-import transformers as T
 import yaml
 from typer.testing import CliRunner
 
@@ -13,6 +11,7 @@ import linearize
 from linearize.cli import app
 from linearize.pipeline import load_data, run
 from linearize.recipes import load_recipe
+from tiny_models import save_tiny_text_classifier
 
 runner = CliRunner()
 POSITIVE = ["a fine, moving film", "warm and funny", "beautifully acted", "a delight", "sharp and clever",
@@ -24,12 +23,7 @@ NEGATIVE = ["dull and flat", "a tedious mess", "badly written", "a bore", "lifel
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, minilm_path):
     root = tmp_path_factory.mktemp("pipeline")
-    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path)
-    torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, initializer_range=0.2)
-    T.BertForSequenceClassification(config).save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
+    save_tiny_text_classifier(root / "tiny", minilm_path)
     for split, copies in (("train", 3), ("dev", 1), ("test", 1)):
         with open(root / f"{split}.csv", "w", newline="") as handle:
             writer = csv.writer(handle)

@@ -19,7 +19,7 @@ from linearize.distill import stage1 as stage1_module
 from linearize.errors import LinearizeError
 from linearize.finetune import FinetuneConfig, finetune
 from linearize.pipeline import distill_model, finetune_model
-from tiny_models import build, inputs
+from tiny_models import build, inputs, save_tiny_text_classifier
 
 runner = CliRunner()
 GOOD = ["good", "great", "fine", "lovely", "superb", "warm"]
@@ -59,12 +59,7 @@ def write_glue(root, rng):
 @pytest.fixture(scope="module")
 def tiny_text(tmp_path_factory, minilm_path):
     root = tmp_path_factory.mktemp("training")
-    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path)
-    torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, initializer_range=0.2)
-    T.BertForSequenceClassification(config).save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
+    save_tiny_text_classifier(root / "tiny", minilm_path)
     write_glue(root / "glue", random.Random(0))
     return root
 

@@ -61,3 +61,14 @@ def inputs(arch, batch=2, seq=7, pad=2, seed=0):
 def first_output(model, batch):
     with torch.no_grad():
         return model(**batch)[0]
+
+
+def save_tiny_text_classifier(directory, tokenizer_path, seed=0):
+    """A tiny random BERT classifier with the real MiniLM tokenizer (its vocabulary), saved as a folder."""
+    tokenizer = T.AutoTokenizer.from_pretrained(tokenizer_path)
+    torch.manual_seed(seed)
+    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, initializer_range=0.2)
+    T.BertForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
