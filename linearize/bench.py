@@ -229,6 +229,23 @@ def _interleaved(candidates, repeats, warmup):
 
 # ---- attention layer -----------------------------------------------------------------------------
 
+def _measure(candidates, repeats, warmup, memory, reference, ratio_key):
+    """``{label: summary}`` of interleaved timings (and peak memory) with each time ÷ ``reference``'s."""
+    with torch.inference_mode():
+        times = _interleaved(candidates, repeats, warmup)
+        peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
+    results = {}
+    for label in candidates:
+        entry = _summary(times[label])
+        if memory:
+            entry["peak_extra_bytes"] = peaks[label]
+        results[label] = entry
+    base = results[reference]["median_ms"]
+    for entry in results.values():
+        entry[ratio_key] = entry["median_ms"] / base
+    return results
+
+
 def eager_softmax_attention(q, k, v, scale=None):
     """Softmax attention as explicit matrix products (Hugging Face's ``eager`` path)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -277,18 +294,8 @@ def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32,
             skipped[EAGER] = f"its two N×N matrices need {eager_bytes / 2**30:.1f} GiB > eager_max_bytes"
         for label, fm in maps.items():
             candidates[label] = (lambda fm: lambda: fm.attend(q, k, v)[0])(fm)
-        with torch.inference_mode():
-            times = _interleaved(candidates, repeats, warmup)
-            peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
-        row = {"seq_len": int(n), "results": {}, "skipped": skipped}
-        for label in candidates:
-            entry = _summary(times[label])
-            if memory:
-                entry["peak_extra_bytes"] = peaks[label]
-            row["results"][label] = entry
-        base = row["results"][SDPA]["median_ms"]
-        for entry in row["results"].values():
-            entry["time_vs_sdpa"] = entry["median_ms"] / base
+        row = {"seq_len": int(n), "results": _measure(candidates, repeats, warmup, memory, SDPA, "time_vs_sdpa"),
+               "skipped": skipped}
         rows.append(row)
         if log:
             parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
@@ -380,18 +387,8 @@ def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, me
             continue
         batch = _model_inputs(base, batch_size, n, seed)
         candidates = {label: (lambda m: lambda: m(**batch))(m) for label, m in models.items()}
-        with torch.inference_mode():
-            times = _interleaved(candidates, repeats, warmup)
-            peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
-        row = {"seq_len": n, "results": {}}
-        for label in candidates:
-            entry = _summary(times[label])
-            if memory:
-                entry["peak_extra_bytes"] = peaks[label]
-            row["results"][label] = entry
-        reference = row["results"][softmax_label]["median_ms"]
-        for entry in row["results"].values():
-            entry["time_vs_softmax"] = entry["median_ms"] / reference
+        row = {"seq_len": n,
+               "results": _measure(candidates, repeats, warmup, memory, softmax_label, "time_vs_softmax")}
         rows.append(row)
         if log:
             parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]

@@ -297,11 +297,14 @@ def _hardlink_or_copy(src, dst):
         shutil.copy2(src, dst)
 
 
-def _save_model(model, processor, directory):
+def _save_model(model, processor, directory, results=None):
+    """Write model, processor and ``{file name: result dict}`` JSON files into ``directory`` atomically."""
     with atomic_dir(directory) as tmp:
         model.save_pretrained(tmp)
         if processor is not None:
             processor.save_pretrained(tmp)
+        for name, result in (results or {}).items():
+            atomic_write_json(Path(tmp) / name, _comparable(result))
 
 
 def _load_saved(directory, converted):
@@ -573,11 +576,7 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     loaders = make_loaders(recipe, loaded, spec, processor, batch_size, config.seed)
     result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
                      checkpoint_dir=Path(out).with_name(Path(out).name + ".work"), progress=progress, log=log)
-    with atomic_dir(out) as tmp:
-        net.save_pretrained(tmp)
-        if processor is not None:
-            processor.save_pretrained(tmp)
-        atomic_write_json(Path(tmp) / "distill.json", _comparable(result))
+    _save_model(net, processor, out, {"distill.json": result})
     return result
 
 
@@ -593,11 +592,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
                       Path(out).with_name(Path(out).name + ".work"), config=config, progress=progress, log=log)
     splits = [s for s in loaded if s != "train"]
     result["scores"] = scores(net, loaders, spec, splits)
-    with atomic_dir(out) as tmp:
-        net.save_pretrained(tmp)
-        if processor is not None:
-            processor.save_pretrained(tmp)
-        atomic_write_json(Path(tmp) / "finetune.json", _comparable(result))
+    _save_model(net, processor, out, {"finetune.json": result})
     return result
 
 
