@@ -99,37 +99,66 @@ def test_luna_lookup_table_follows_parameter_updates():
     assert_lookup_equals_mlp(fm, u)
 
 
-def test_luna_lookup_is_used_only_without_gradients_for_psi():
+def test_luna_lookup_is_used_only_for_inputs_large_enough():
     fm = luna(True)
     u = torch.randn(100, 8)
-    with torch.no_grad():
-        assert fm.lookup_applies(u)
-        assert not fm.lookup_applies(u[:10])  # tiny inputs: the MLP is faster
-    assert not fm.lookup_applies()  # training: ψ's parameters need their gradients
-    for p in (fm.mlp_w1, fm.mlp_b1, fm.mlp_w2, fm.mlp_b2):
-        p.requires_grad_(False)
-    assert fm.lookup_applies()  # ψ frozen: the lookup is exact and still differentiable in u
-    u.requires_grad_(True)
-    away = u.detach() + 0.0
-    grad_lookup, = torch.autograd.grad(fm.psi_lookup(u).sum(), u)
-    u2 = away.clone().requires_grad_(True)
-    grad_mlp, = torch.autograd.grad(fm.psi_mlp(u2).sum(), u2)
-    torch.testing.assert_close(grad_lookup, grad_mlp, atol=1e-5, rtol=1e-5)
+    assert fm.lookup_applies(u)
+    assert not fm.lookup_applies(u[:10])  # tiny inputs: the MLP is faster
+    assert fm.lookup_applies()  # in training too: exact in value and gradient
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_luna_lookup_gradients_equal_the_mlp(shared):
+    """Training through the knot table: the gradients for u and every ψ parameter are the MLP's."""
+    fm = luna(shared).train()
+    u = torch.randn(4, 3, 50, 8) * 2
+    weights = torch.randn(*u.shape, fm.channels)
+    grads = []
+    for psi in (fm.psi_mlp, fm.psi_lookup):
+        x = u.clone().requires_grad_(True)
+        params = [fm.mlp_w1, fm.mlp_b1, fm.mlp_w2, fm.mlp_b2]
+        grads.append(torch.autograd.grad((psi(x) * weights).sum(), [x, *params]))
+    for expected, got in zip(*grads):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_luna_lookup_training_steps_track_the_mlp():
+    """A few optimizer steps through the lookup follow the MLP's trajectory (the table is
+    rebuilt after every parameter update)."""
+    torch.manual_seed(0)
+    x, target = torch.randn(2, H, 30, D), torch.rand(2, H, 30, 64)
+    runs = []
+    for use_lookup in (False, True):
+        fm = luna(True, seed=1).train()
+        fm.lookup_min_values = 0 if use_lookup else float("inf")
+        optimizer = torch.optim.SGD(fm.parameters(), lr=0.1)
+        for _ in range(5):
+            optimizer.zero_grad()
+            loss = (fm(x)[0] - target).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        runs.append([p.detach().clone() for p in fm.parameters()])
+    for mlp_param, lookup_param in zip(*runs):
+        torch.testing.assert_close(lookup_param, mlp_param, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("options", [{}, {"shared_mlp": False}, {"envelope": True, "ch_rms": True},
                                      {"projections": 4, "channels": 3, "hidden": 5}])
-def test_luna_features_fast_equal_training_path(options):
+def test_luna_features_fast_equal_the_mlp_path(options):
     torch.manual_seed(0)
     fm = create_feature_map("luna", D, H, **options)
     x = torch.randn(B, H, 40, D)
     mask = torch.ones(B, 40)
     mask[1, -3:] = 0
-    train, _ = fm(x, mask)  # grad enabled and ψ trainable: the MLP
+    fm.lookup_min_values = float("inf")  # the reference: Listing 1's MLP
+    reference, _ = fm(x, mask)
+    fm.lookup_min_values = 0
     with torch.no_grad():
         assert fm.lookup_applies(fm.project(x))
-        fast, _ = fm(x, mask)  # the lookup (with 1/√M folded into the table on the plain path)
-    torch.testing.assert_close(fast, train.detach(), atol=1e-5, rtol=1e-5)
+        fast, _ = fm(x, mask)  # the cached lookup (with 1/√M folded into the table on the plain path)
+    trained, _ = fm(x, mask)  # the lookup built under autograd
+    torch.testing.assert_close(fast, reference.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trained, reference, atol=1e-5, rtol=1e-5)
 
 
 CASES = [("luna", {}), ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True})] + [
@@ -205,7 +234,7 @@ def test_luna_grid_index_equals_bucketize_everywhere(seed):
     """The grid's interval index is exactly bucketize's: at knots, next to them, at and next to
     every cell edge, far outside and at infinities."""
     fm = luna(True, seed=seed)
-    lookup = fm._psi_table(torch.float32, torch.device("cpu"), 1.0)
+    lookup = fm._knot_structure(torch.float32, torch.device("cpu"))
     grid = lookup["grid"]
     assert grid is not None  # the default LUNA gets a grid
     knots = lookup["knots"]
@@ -224,7 +253,7 @@ def test_luna_grid_index_equals_bucketize_everywhere(seed):
 
 def test_luna_without_a_grid_falls_back_to_bucketize():
     fm = luna(False, seed=0)  # 8 MLPs x 64 knots: too dense for a uniform grid
-    lookup = fm._psi_table(torch.float32, torch.device("cpu"), 1.0)
+    lookup = fm._knot_structure(torch.float32, torch.device("cpu"))
     assert lookup["grid"] is None
     assert_lookup_equals_mlp(fm, torch.randn(3000) * 4)
 
