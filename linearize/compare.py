@@ -35,23 +35,72 @@ def variants(methods, without_stage1=True):
     return rows
 
 
-def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, progress=True, log=print):
-    """Run every (method, stage-1 variant, seed) and write ``compare.json`` and ``compare.md``."""
+def parse_variant(text):
+    """``"NAME: key=value key=value"`` (a ``--variant``) -> ``(NAME, overrides dict)``.
+
+    Example: ``"stage 1 x3 at lr 1e-2: stage1.epochs=3 stage1.lr=1e-2"``; NAME alone (no
+    settings) is the recipe as it is, e.g. the baseline row of a lever study.
+    """
+    from .errors import LinearizeError
+    from .recipes import parse_set
+
+    name, _, settings = text.partition(":")
+    if not name.strip():
+        raise LinearizeError(f"--variant {text!r}: give it a name, as 'NAME: key=value ...'")
+    return name.strip(), parse_set(settings.split())
+
+
+def slug(text):
+    """A folder name for a row label."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-").lower() or "default"
+
+
+def shared_teacher(folder):
+    """The first run under ``folder`` (one seed's folder of a compare) with a finished teacher."""
+    from .pipeline import RunState
+
+    for candidate in sorted(Path(folder).glob("*/state.json")):
+        if RunState(candidate.parent, None).done("teacher"):
+            return candidate.parent
+    return None
+
+
+def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, settings=None,
+            teachers_from=None, progress=True, log=print):
+    """Run every (method, stage-1 variant, setting, seed); write ``compare.json`` and ``compare.md``.
+
+    ``settings``: ``{name: recipe overrides}``, one row per method and setting (a lever study:
+    ``{"plain": {}, "stage 1 x3": {"stage1": {"epochs": 3}}}``); default one row per method.
+    Per seed one teacher is fine-tuned and shared by every row; ``teachers_from``: another
+    compare folder whose teachers (``seed<N>/...``) are reused instead. Finished runs are reused,
+    so an interrupted compare continues where it stopped.
+    """
+    from .recipes import merge
+
     out_dir = Path(out_dir)
     methods = methods or DEFAULT_METHODS
+    settings = settings or {"": {}}
     results = {}
     for seed in seeds:
-        teacher_run = None
+        teacher_run = shared_teacher(Path(teachers_from) / f"seed{seed}") if teachers_from else None
+        if teachers_from and teacher_run is None:
+            log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
         for label, method, stage1 in variants(methods, without_stage1):
-            run_recipe = copy.deepcopy(recipe)
-            run_recipe.update(method=method, seed=seed)
-            run_recipe["stage1"]["enabled"] = stage1
-            folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1"))
-            log(f"== seed {seed}: {label} -> {folder}")
-            report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
-            teacher_run = teacher_run or folder
-            results.setdefault(label, []).append(report)
+            for name, overrides in settings.items():
+                run_recipe = merge(copy.deepcopy(recipe), copy.deepcopy(overrides))
+                run_recipe.update(method=method, seed=seed)
+                run_recipe["stage1"]["enabled"] = stage1 and run_recipe["stage1"].get("enabled", True)
+                row = f"{label} [{name}]" if name else label
+                folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
+                                                    + (f"--{slug(name)}" if name else ""))
+                log(f"== seed {seed}: {row} -> {folder}")
+                report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
+                teacher_run = teacher_run or folder
+                results.setdefault(row, []).append(report)
     table = summarize(results)
+    table["settings"] = {name: overrides for name, overrides in settings.items() if name}
     atomic_write_json(out_dir / "compare.json", table)
     atomic_write_text(out_dir / "compare.md", render(table))
     return table

@@ -147,3 +147,44 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert not reports[1]["curves"]["stage1"] and reports[0]["curves"]["stage1"]
     markdown = (out / "compare.md").read_text()
     assert "| t2r, no stage 1 |" in markdown and "recovery %" in markdown
+
+
+def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
+    """A lever study: one row per setting, the teachers taken from an earlier comparison."""
+    from linearize.compare import compare, parse_variant
+
+    first = workspace / "compare"
+    if not (first / "compare.json").is_file():
+        test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace)
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1}})
+    settings = dict(parse_variant(v) for v in ["plain", "stage 1 x2: stage1.epochs=2 stage1.lr=0.02"])
+    assert settings == {"plain": {}, "stage 1 x2": {"stage1": {"epochs": 2, "lr": 0.02}}}
+    out = workspace / "levers"
+    table = compare(recipe, out, methods=["t2r"], seeds=[0], without_stage1=False, settings=settings,
+                    teachers_from=first, progress=False, log=lambda *a, **k: None)
+    assert [row["row"] for row in table["rows"]] == ["softmax (teacher)", "t2r + stage 1 [plain]",
+                                                       "t2r + stage 1 [stage 1 x2]"]
+    assert table["settings"] == settings
+    assert not list(out.glob("seed0/*/work/teacher"))  # no teacher fine-tuned here
+    longer = json.loads((out / "seed0" / "t2r--stage-1-x2" / "report.json").read_text())
+    assert longer["recipe"]["stage1"]["epochs"] == 2 and longer["recipe"]["stage1"]["lr"] == 0.02
+    teacher = json.loads((first / "seed0" / "t2r" / "report.json").read_text())["scores"]["teacher"]
+    assert longer["scores"]["teacher"] == teacher
+    from linearize.errors import LinearizeError
+
+    other_seed = dict(recipe, seed=1)
+    with pytest.raises(LinearizeError, match="another 'seed'"):
+        run(other_seed, workspace / "wrong-teacher", teacher_from=first / "seed0" / "t2r", progress=False,
+            log=lambda *a, **k: None)
+    with pytest.raises(LinearizeError, match="unknown recipe key 'stage1.epoch'"):
+        compare(recipe, out, methods=["t2r"], seeds=[0], settings={"typo": {"stage1": {"epoch": 2}}},
+                progress=False, log=lambda *a, **k: None)
+
+
+def test_set_values_are_typed_like_yaml_with_exponent_numbers_as_floats():
+    from linearize.recipes import parse_set
+
+    parsed = parse_set(["stage1.lr=1e-2", "stage2.lr=5E-5", "stage1.epochs=3", "method=luna", "stage1.enabled=false",
+                        "layers="])
+    assert parsed == {"stage1": {"lr": 0.01, "epochs": 3, "enabled": False}, "stage2": {"lr": 5e-5},
+                      "method": "luna", "layers": None}

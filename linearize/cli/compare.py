@@ -21,20 +21,27 @@ def compare_command(
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     without_stage1: Annotated[bool, typer.Option(
         "--without-stage1/--no-without-stage1", help="Also run each learnable method without stage 1.")] = True,
+    variant: Annotated[Optional[list[str]], typer.Option(
+        help="A row setting 'NAME: key=value ...' (repeatable): every method runs once per variant, e.g. "
+             "--variant plain --variant 'stage 1 x3: stage1.epochs=3'.")] = None,
+    teachers_from: Annotated[Optional[Path], typer.Option(
+        help="Reuse the teachers of another compare folder (its seed<N>/ runs) instead of fine-tuning new ones.")] = None,
     set_: SetOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="The recipe's quick version (a smoke test).")] = False,
 ):
     """Run several methods with the same budget and seeds; write compare.md / compare.json.
 
+    Finished runs in --out are reused: re-running continues an interrupted comparison.
     Example: linearize compare --methods luna,hedgehog,t2r --seeds 0,1,2
     """
-    from ..compare import compare, render
+    from ..compare import compare, parse_variant, render
     from ..recipes import load_recipe, parse_set
 
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
     out = out or Path("runs") / f"compare-{resolved['name']}{'-quick' if quick else ''}"
     table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],
                     seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
-                    log=console.print)
+                    settings=dict(parse_variant(v) for v in variant) if variant else None,
+                    teachers_from=teachers_from, log=console.print)
     console.print(render(table))
     console.print(f"written to {out / 'compare.md'}")

@@ -29,6 +29,8 @@ def run_command(
     set_: SetOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="A ~2-minute smoke version of the recipe.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Delete --out first instead of resuming in it.")] = False,
+    teacher_from: Annotated[Optional[Path], typer.Option(
+        help="Reuse the fine-tuned teacher of this finished run folder (same model, task, data and seed).")] = None,
 ):
     """Fine-tune the softmax teacher, convert, distill, fine-tune, evaluate and write the report.
 
@@ -50,7 +52,7 @@ def run_command(
         overrides["options"] = parse_options(option)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
     out = out or Path("runs") / f"{resolved['name']}-{resolved['method']}{'-quick' if quick else ''}"
-    report = run(resolved, out, overwrite=overwrite, log=console.print)
+    report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from)
     rec = report["recovery"]
     console.print(f"[bold]done:[/] {out}: student keeps {rec['average']:.1f}% of the teacher's "
                   f"{report['task']['primary_metric']} on the {rec['split']} split; see {out / 'report.md'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 
 import yaml
@@ -57,7 +58,8 @@ def list_recipes():
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
-def _merge(base, update, path=""):
+def merge(base, update, path=""):
+    """``base`` updated by the nested dict ``update``; an unknown key is an error naming the closest."""
     out = copy.deepcopy(base)
     for key, value in (update or {}).items():
         where = f"{path}{key}"
@@ -69,9 +71,9 @@ def _merge(base, update, path=""):
         if isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
             if not isinstance(value, dict):
                 raise LinearizeError(f"recipe key {where!r} must be a mapping")
-            out[key] = _merge(base[key], value, f"{where}.")
+            out[key] = merge(base[key], value, f"{where}.")
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = _number_or_value(copy.deepcopy(value))
     return out
 
 
@@ -86,8 +88,22 @@ def parse_set(pairs):
         cursor = nested
         for part in parts[:-1]:
             cursor = cursor.setdefault(part, {})
-        cursor[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        cursor[parts[-1]] = _scalar(value)
     return nested
+
+
+def _scalar(text):
+    """A YAML scalar; numbers YAML 1.1 leaves as strings (``1e-2``, ``5E-5``) become floats
+    (here and in recipe files)."""
+    if not text.strip():
+        return None
+    return _number_or_value(yaml.safe_load(text))
+
+
+def _number_or_value(value):
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
+        return float(value)
+    return value
 
 
 def load_recipe(name_or_path=None, *, overrides=None, quick=False):
@@ -103,12 +119,12 @@ def load_recipe(name_or_path=None, *, overrides=None, quick=False):
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise LinearizeError(f"{path} is not valid YAML ({str(error).splitlines()[0]})") from None
-    recipe = _merge(DEFAULTS, data)
+    recipe = merge(DEFAULTS, data)
     if recipe["name"] is None:
         recipe["name"] = path.stem
     if quick:
-        recipe = _merge(recipe, recipe.get("quick") or {})
-    recipe = _merge(recipe, overrides or {})
+        recipe = merge(recipe, recipe.get("quick") or {})
+    recipe = merge(recipe, overrides or {})
     recipe["quick_mode"] = bool(quick)
     for key in ("model", "task"):
         if not recipe[key]:
