@@ -351,6 +351,11 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         shared = RunState(teacher_from, None)
         if not shared.done("teacher"):
             raise LinearizeError(f"{teacher_from} has no finished teacher to share")
+        theirs, ours = shared.data.get("recipe") or {}, _comparable(recipe)
+        for key in ("model", "head", "task", "data", "teacher", "seed"):
+            if theirs.get(key) != ours.get(key):
+                raise LinearizeError(f"{teacher_from}'s teacher was made with another {key!r} "
+                                     f"({theirs.get(key)!r}, here {ours.get(key)!r}); drop --teacher-from or match it")
         _link_or_copy(Path(teacher_from) / "teacher", teacher_dir)
         state.finish("teacher", shared.get("teacher"))
     if state.done("teacher"):
@@ -518,10 +523,10 @@ def write_run_report(report, out_dir):
 
 def stage_recipe(model, task, *, data=None, **top):
     """A recipe dict for a single stage: the defaults with ``model``, ``task`` and ``data`` options."""
-    from .recipes import DEFAULTS, _merge
+    from .recipes import DEFAULTS, merge
 
     data = {k: v for k, v in (data or {}).items() if v is not None}
-    return _merge(DEFAULTS, {"name": "stage", "model": model, "task": task, "data": data, **top})
+    return merge(DEFAULTS, {"name": "stage", "model": model, "task": task, "data": data, **top})
 
 
 def load_model_for_task(model, spec, head=None):
@@ -558,8 +563,11 @@ def _stage_inputs(model, task, data, head=None):
 
 
 def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, batch_size=32,
-                  eval_batches=10, data=None, overwrite=False, progress=True, log=print):
-    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it."""
+                  eval_batches=10, data=None, overwrite=False, resume=True, progress=True, log=print):
+    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it.
+
+    Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
+    (which clears them and starts afresh)."""
     from .io import prepare_output_dir
 
     prepare_output_dir(out, overwrite=overwrite)
@@ -575,13 +583,18 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     config = config or DistillConfig()
     loaders = make_loaders(recipe, loaded, spec, processor, batch_size, config.seed)
     result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
-                     checkpoint_dir=Path(out).with_name(Path(out).name + ".work"), progress=progress, log=log)
+                     checkpoint_dir=Path(out).with_name(Path(out).name + ".work"), resume=resume, progress=progress,
+                     log=log)
     _save_model(net, processor, out, {"distill.json": result})
     return result
 
 
-def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, progress=True, log=print):
-    """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it."""
+def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
+                   progress=True, log=print):
+    """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it.
+
+    Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
+    (which clears them and starts afresh)."""
     from .io import prepare_output_dir
 
     prepare_output_dir(out, overwrite=overwrite)
@@ -589,7 +602,8 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     config = config or FinetuneConfig()
     loaders = make_loaders(recipe, loaded, spec, processor, config.batch_size, config.seed)
     result = finetune(net, loaders["train"], loaders["validation"], spec,
-                      Path(out).with_name(Path(out).name + ".work"), config=config, progress=progress, log=log)
+                      Path(out).with_name(Path(out).name + ".work"), config=config, resume=resume, progress=progress,
+                      log=log)
     splits = [s for s in loaded if s != "train"]
     result["scores"] = scores(net, loaders, spec, splits)
     _save_model(net, processor, out, {"finetune.json": result})

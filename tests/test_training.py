@@ -1,6 +1,7 @@
 """Stage 1 and stage 2 on every kind of data source, resume, and bad input (CPU, small models)."""
 
 import json
+import math
 import random
 
 import numpy as np
@@ -18,8 +19,9 @@ from linearize.distill import DistillConfig, attention_distances, distill
 from linearize.distill import stage1 as stage1_module
 from linearize.errors import LinearizeError
 from linearize.finetune import FinetuneConfig, finetune
+from linearize.finetune import stage2 as stage2_module
 from linearize.pipeline import distill_model, finetune_model
-from tiny_models import build, inputs, save_tiny_text_classifier
+from tiny_models import SMALL, VOCAB, build, inputs, save_tiny_text_classifier
 
 runner = CliRunner()
 GOOD = ["good", "great", "fine", "lovely", "superb", "warm"]
@@ -136,12 +138,12 @@ def test_real_minilm_luna_stage1_lowers_attention_ce(minilm_path):
     assert result["steps"] == 30
 
 
-def _loader(seed=0, n=24):
+def _loader(seed=0, n=24, batch_size=4):
     examples = []
     for i in range(n):
         batch = inputs("bert", batch=2, seq=10, pad=1 + i % 3, seed=100 + i)
         examples.append({k: v[i % 2] for k, v in batch.items()} | {"labels": torch.tensor(i % 2)})
-    return DataLoader(examples, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    return DataLoader(examples, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
 
 
 def _student():
@@ -150,11 +152,14 @@ def _student():
     return linearize.convert(model, "luna", projections=4, hidden=8)
 
 
-def test_stage1_resume_after_interruption_gives_the_same_weights(tmp_path, monkeypatch):
-    config = DistillConfig(lr=1e-2, epochs=2, checkpoint_every=1)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_stage1_resume_after_interruption_gives_the_same_weights(tmp_path, monkeypatch, accumulation):
+    """Killed right after the step-8 checkpoint (epoch 2 of 2, 6 steps each), then resumed."""
+    config = DistillConfig(lr=1e-2, epochs=2, checkpoint_every=1, gradient_accumulation_steps=accumulation)
     quiet = {"progress": False, "log": lambda *a, **k: None}
+    train = _loader(batch_size=4 // accumulation)
     reference = _student()
-    distill(reference, _loader(), config, checkpoint_dir=tmp_path / "a", **quiet)
+    distill(reference, train, config, checkpoint_dir=tmp_path / "a", **quiet)
 
     original = stage1_module._save_state
 
@@ -165,13 +170,13 @@ def test_stage1_resume_after_interruption_gives_the_same_weights(tmp_path, monke
 
     monkeypatch.setattr(stage1_module, "_save_state", crash_after_step_8)
     with pytest.raises(KeyboardInterrupt):
-        distill(_student(), _loader(), config, checkpoint_dir=tmp_path / "b", **quiet)
+        distill(_student(), train, config, checkpoint_dir=tmp_path / "b", **quiet)
     monkeypatch.setattr(stage1_module, "_save_state", original)
     resumed = _student()  # a fresh process: same construction, state from the checkpoint
-    result = distill(resumed, _loader(), config, checkpoint_dir=tmp_path / "b", **quiet)
+    result = distill(resumed, train, config, checkpoint_dir=tmp_path / "b", **quiet)
     assert result["steps"] == 12
-    for (name, a), (_, b) in zip(reference.named_parameters(), resumed.named_parameters()):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    _assert_same_weights(reference, resumed)
+    assert [e["step"] for e in _jsonl(tmp_path / "b" / "metrics.jsonl")] == list(range(1, 13))  # none twice
 
 
 def test_stage2_resume_after_interruption_gives_the_same_weights(tmp_path):
@@ -254,11 +259,170 @@ def test_non_finite_losses_stop_with_the_step_named(tmp_path):
                  progress=False, log=lambda *a, **k: None)
 
 
-def test_metrics_jsonl_logs_every_step(tmp_path):
-    distill(_student(), _loader(), DistillConfig(epochs=1), checkpoint_dir=tmp_path / "s1", progress=False,
-            log=lambda *a, **k: None)
-    lines = (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(1, 7))
+class _RecordingBar:
+    """Stands in for the rich progress bar; keeps every info text."""
+
+    infos = []
+
+    def __init__(self, *args):
+        pass
+
+    def update(self, completed, info=""):
+        self.infos.append(info)
+
+    def close(self):
+        pass
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_jsonl_logs_every_step_with_throughput(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage1_module, "_progress", _RecordingBar)
+    monkeypatch.setattr(stage2_module, "_progress", _RecordingBar)
+    distill(_student(), _loader(), DistillConfig(epochs=1), checkpoint_dir=tmp_path / "s1", log=lambda *a, **k: None)
+    entries = _jsonl(tmp_path / "s1" / "metrics.jsonl")
+    assert [entry["step"] for entry in entries] == list(range(1, 7))
+    assert all(entry["examples_per_second"] > 0 for entry in entries)
+    assert len(_RecordingBar.infos) == 6 and all(" ex/s" in info and "CE " in info for info in _RecordingBar.infos)
+    _RecordingBar.infos.clear()
     finetune(_student(), _loader(), _loader(), "sst2", tmp_path / "s2", config=FinetuneConfig(epochs=2),
-             progress=False, log=lambda *a, **k: None)
-    assert len((tmp_path / "s2" / "metrics.jsonl").read_text().splitlines()) == 2
+             log=lambda *a, **k: None)
+    entries = _jsonl(tmp_path / "s2" / "metrics.jsonl")
+    steps = [entry for entry in entries if "loss" in entry]
+    epochs = [entry for entry in entries if "train_loss" in entry]
+    assert [entry["step"] for entry in steps] == list(range(1, 13)) and len(entries) == 14
+    assert [(entry["epoch"], entry["step"]) for entry in epochs] == [(1, 6), (2, 12)]
+    assert all(entry["examples_per_second"] > 0 for entry in entries)
+    assert len(_RecordingBar.infos) == 12 and all(" ex/s" in info and "loss " in info for info in _RecordingBar.infos)
+
+
+def _equal_length_loader(batch_size, n=24, seq=10):
+    """Shuffled sequences of one length: a batch's mean loss is the mean of its parts' mean losses."""
+    ids = torch.randint(3, VOCAB, (n, seq), generator=torch.Generator().manual_seed(0))
+    examples = [{"input_ids": row, "attention_mask": torch.ones(seq, dtype=torch.long), "labels": torch.tensor(i % 2)}
+                for i, row in enumerate(ids)]
+    return DataLoader(examples, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def _dropout_free_student():
+    """Like ``_student`` but without dropout: stage 2 is then a deterministic function of the batches."""
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=VOCAB, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **SMALL)
+    model = T.BertForSequenceClassification(config).eval()
+    torch.manual_seed(1)
+    return linearize.convert(model, "luna", projections=4, hidden=8)
+
+
+def _assert_same_weights(a, b, atol=1e-6):
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(x, y, atol=atol, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("stage", ["distill", "finetune"])
+@pytest.mark.parametrize("batch,accumulation", [(2, 2), (2, 5)])  # 12 micro-batches: 5 + 5 + 2 with k=5
+def test_gradient_accumulation_equals_one_larger_batch(tmp_path, stage, batch, accumulation):
+    """k micro-batches of b examples per step train exactly like batches of k·b (the seedable
+    sampler shuffles both the same way, so a big batch is the union of k consecutive small ones;
+    the epoch's shorter last step is scaled by its own size)."""
+    def train(batch_size, k, folder):
+        model = _dropout_free_student()
+        if stage == "distill":
+            result = distill(model, _equal_length_loader(batch_size),
+                             DistillConfig(lr=1e-2, epochs=2, gradient_accumulation_steps=k), progress=False,
+                             log=lambda *a, **k: None)
+        else:
+            config = FinetuneConfig(lr=1e-3, batch_size=batch_size, epochs=2, patience=0, gradient_accumulation_steps=k)
+            result = finetune(model, _equal_length_loader(batch_size), _equal_length_loader(8), "sst2", folder,
+                              config=config, progress=False, log=lambda *a, **k: None)
+        return model, result
+
+    accumulated, result = train(batch, accumulation, tmp_path / "a")
+    reference, expected = train(batch * accumulation, 1, tmp_path / "b")
+    assert result["steps"] == expected["steps"] == 2 * math.ceil(24 / (batch * accumulation))
+    _assert_same_weights(accumulated, reference, atol=1e-5)
+    untrained = dict(_dropout_free_student().named_parameters())
+    assert any(not torch.equal(p, untrained[name]) for name, p in reference.named_parameters())  # it trained
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_stage2_resume_mid_epoch_gives_the_same_weights(tmp_path, monkeypatch, accumulation):
+    """Killed right after the step-8 checkpoint (epoch 2 of 3, 6 steps each), then resumed."""
+    config = FinetuneConfig(lr=1e-3, epochs=3, patience=0, checkpoint_every=4, gradient_accumulation_steps=accumulation)
+    quiet = {"progress": False, "log": lambda *a, **k: None}
+    train = _loader(batch_size=4 // accumulation)
+    reference = _student()
+    expected = finetune(reference, train, _loader(), "sst2", tmp_path / "a", config=config, **quiet)
+
+    original = stage2_module._save_checkpoint
+
+    def crash_after_step_8(accelerator, output_dir, meta):
+        original(accelerator, output_dir, meta)
+        if meta["step"] == 8:
+            raise KeyboardInterrupt("simulated kill")
+
+    monkeypatch.setattr(stage2_module, "_save_checkpoint", crash_after_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(_student(), train, _loader(), "sst2", tmp_path / "b", config=config, **quiet)
+    monkeypatch.setattr(stage2_module, "_save_checkpoint", original)
+    saved = json.loads((tmp_path / "b" / "progress.json").read_text())
+    assert (saved["epoch"], saved["step"], saved["epoch_step"]) == (1, 8, 2)
+    assert [p.name for p in (tmp_path / "b").iterdir() if "state" in p.name] == [saved["state"]]
+    resumed = _student()  # a fresh process: same construction, state from the checkpoint
+    result = finetune(resumed, train, _loader(), "sst2", tmp_path / "b", config=config, **quiet)
+    assert result["resumed"] and result["steps"] == 18 and result["epochs_run"] == 3
+    assert [e["train_loss"] for e in result["history"]] == pytest.approx([e["train_loss"] for e in expected["history"]])
+    _assert_same_weights(reference, resumed)
+    assert [e["step"] for e in _jsonl(tmp_path / "b" / "metrics.jsonl")] == \
+        [e["step"] for e in _jsonl(tmp_path / "a" / "metrics.jsonl")]  # no step logged twice
+
+
+@pytest.mark.parametrize("stage", ["distill", "finetune"])
+def test_no_resume_clears_the_checkpoint_and_starts_afresh(tmp_path, stage):
+    """A finished run at lr 0.1 in the folder: resume=False trains from scratch at lr 0.01."""
+    quiet = {"progress": False, "log": lambda *a, **k: None}
+
+    def train(lr, folder, **kwargs):
+        model = _student()
+        if stage == "distill":
+            distill(model, _loader(), DistillConfig(lr=lr, epochs=1), checkpoint_dir=folder, **quiet, **kwargs)
+        else:
+            finetune(model, _loader(), _loader(), "sst2", folder, config=FinetuneConfig(lr=lr, epochs=1, patience=0),
+                     **quiet, **kwargs)
+        return model
+
+    reference = train(1e-2, tmp_path / "a")
+    train(1e-1, tmp_path / "b")
+    fresh = train(1e-2, tmp_path / "b", resume=False)
+    _assert_same_weights(reference, fresh)
+    assert len(_jsonl(tmp_path / "b" / "metrics.jsonl")) == len(_jsonl(tmp_path / "a" / "metrics.jsonl"))
+
+
+def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
+    import linearize.pipeline as pipeline
+
+    calls = {}
+
+    def fake_distill_model(model, task, out, **kwargs):
+        calls["distill"] = kwargs
+        return {"per_layer_before": {}, "per_layer_after": {}}
+
+    def fake_finetune_model(model, task, out, **kwargs):
+        calls["finetune"] = kwargs
+        return {"scores": {"validation": {"accuracy": 1.0}}, "best_epoch": 1}
+
+    monkeypatch.setattr(pipeline, "distill_model", fake_distill_model)
+    monkeypatch.setattr(pipeline, "finetune_model", fake_finetune_model)
+    common = ["--gradient-accumulation-steps", "3", "--checkpoint-every", "7", "--mixed-precision", "bf16"]
+    for command in ("distill", "finetune"):
+        result = runner.invoke(app, [command, "m", "--out", str(tmp_path / command), *common])
+        assert result.exit_code == 0, result.output
+        config = calls[command]["config"]
+        assert (config.gradient_accumulation_steps, config.checkpoint_every, config.mixed_precision) == (3, 7, "bf16")
+        assert calls[command]["resume"] is True
+        runner.invoke(app, [command, "m", "--out", str(tmp_path / command), "--no-resume"])
+        assert calls[command]["resume"] is False
+    assert calls["finetune"]["config"].checkpoint_every == 200  # the recipe's default when not given
+    help_text = " ".join(runner.invoke(app, ["distill", "--help"]).output.split())
+    assert "--no-resume" in help_text

@@ -14,6 +14,11 @@ from . import (DataDirOpt, LabelColumnOpt, LayersOpt, MaxLengthOpt, OptionOpt, T
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
 OutOpt = Annotated[Path, typer.Option("--out", "-O", help="Folder to write the trained model to.")]
 OverwriteOpt = Annotated[bool, typer.Option(help="Replace --out if it exists and is not empty.")]
+ResumeOpt = Annotated[bool, typer.Option(
+    "--resume/--no-resume", help="Checkpoints are kept in <out>.work while training: --resume (default) continues an "
+                                 "interrupted run from its last checkpoint, with the same result as an uninterrupted "
+                                 "run; --no-resume deletes them and starts afresh.")]
+MixedPrecisionOpt = Annotated[str, typer.Option(help="no | fp16 | bf16 (accelerate mixed precision).")]
 
 
 @app.command("distill")
@@ -33,6 +38,12 @@ def distill_command(
     output_loss_weight: Annotated[float, typer.Option(
         help="Weight of an attention-output MSE term beside the cross-entropy (0 = off).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    gradient_accumulation_steps: Annotated[int, typer.Option(
+        help="Batches per optimizer step (effective batch = batch size × this × processes).")] = 1,
+    checkpoint_every: Annotated[int, typer.Option(
+        help="Save a resumable checkpoint every N optimizer steps (and at the end; 0 = only at the end).")] = 100,
+    mixed_precision: MixedPrecisionOpt = "no",
+    resume: ResumeOpt = True,
     data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
     label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
@@ -46,12 +57,14 @@ def distill_command(
     from ..pipeline import distill_model
 
     config = DistillConfig(lr=lr, epochs=epochs, max_steps=max_steps, scheduler=scheduler,
-                           output_loss_weight=output_loss_weight, seed=seed)
+                           output_loss_weight=output_loss_weight, seed=seed,
+                           gradient_accumulation_steps=gradient_accumulation_steps, checkpoint_every=checkpoint_every,
+                           mixed_precision=mixed_precision)
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)
     result = distill_model(model, task, out, method=method, options=parse_options(option),
                            layers=parse_layers(layers), config=config, batch_size=batch_size, data=data,
-                           overwrite=overwrite, log=console.print)
+                           overwrite=overwrite, resume=resume, log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")
@@ -82,6 +95,14 @@ def finetune_command(
     warmup_ratio: Annotated[Optional[float], typer.Option(help="Fraction of warmup steps.")] = None,
     patience: Annotated[Optional[int], typer.Option(help="Early-stopping patience in epochs (0 = off).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    gradient_accumulation_steps: Annotated[Optional[int], typer.Option(
+        help="Batches per optimizer step (effective batch = batch size × this × processes; default 1).")] = None,
+    checkpoint_every: Annotated[Optional[int], typer.Option(
+        help="Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only; "
+             "default 200).")] = None,
+    mixed_precision: Annotated[Optional[str], typer.Option(
+        help="no | fp16 | bf16 (accelerate mixed precision; default no).")] = None,
+    resume: ResumeOpt = True,
     head: Annotated[Optional[str], typer.Option(help="Task head for an unconverted checkpoint.")] = None,
     data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
@@ -98,11 +119,13 @@ def finetune_command(
 
     overrides = {k: v for k, v in dict(lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                        weight_decay=weight_decay, scheduler=scheduler, warmup_ratio=warmup_ratio,
-                                       patience=patience).items() if v is not None}
+                                       patience=patience, gradient_accumulation_steps=gradient_accumulation_steps,
+                                       checkpoint_every=checkpoint_every, mixed_precision=mixed_precision).items()
+                 if v is not None}
     config = finetune_recipe(recipe, seed=seed, **overrides)
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)
     result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
-                            log=console.print)
+                            resume=resume, log=console.print)
     print_scores(result["scores"], f"best checkpoint (epoch {result['best_epoch']}) on {task}")
     console.print(f"saved to {out}")

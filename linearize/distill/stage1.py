@@ -11,7 +11,9 @@ layer's N×N maps are alive at a time.
 
 Built on ``accelerate``: one CPU, one GPU, or many processes (``accelerate launch``). The model
 itself is not wrapped for data parallelism (its graph ends inside each layer); the feature-map
-gradients are averaged across processes by hand before each optimizer step.
+gradients are averaged across processes by hand before each optimizer step. With gradient
+accumulation the gradients of ``k`` micro-batches (each loss scaled by ``1/k``) add up before
+one optimizer step; ``step`` always counts optimizer steps.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class DistillConfig:
         "help": "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
-    checkpoint_every: int = field(default=100, metadata={"help": "Save a resumable checkpoint every N steps."})
+    checkpoint_every: int = field(default=100, metadata={
+        "help": "Save a resumable checkpoint every N optimizer steps (and always at the end; 0 = only at the end)."})
     mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={
+        "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
 
     def to_dict(self):
         return asdict(self)
@@ -147,13 +152,16 @@ def _scheduler(name, optimizer, warmup, total):
 
 
 def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=None, checkpoint_dir=None,
-            accelerator=None, progress=True, log=print):
+            resume=True, accelerator=None, progress=True, log=print):
     """Run stage 1 on a converted model in place; return a result dict.
 
-    ``train_loader`` yields model input dicts (labels are ignored). ``eval_loader`` (default:
-    the train loader) gives the per-layer CE/KL before and after. ``checkpoint_dir``: a
-    resumable checkpoint is kept there every ``config.checkpoint_every`` steps; a run started
-    with the same folder resumes where the last one stopped.
+    ``train_loader`` yields model input dicts (labels are ignored); under several processes
+    every process gets its own share of its batches (``accelerator.prepare``), and a step is one
+    optimizer step over ``config.gradient_accumulation_steps`` micro-batches of every process.
+    ``eval_loader`` (default: the train loader) gives the per-layer CE/KL before and after.
+    ``checkpoint_dir``: a resumable checkpoint is kept there every ``config.checkpoint_every``
+    steps and at the end, with ``metrics.jsonl`` (one line per step); a run started with the same
+    folder resumes where the last one stopped (``resume=False``: start afresh, clearing both).
     """
     from accelerate.utils import set_seed
 
@@ -178,14 +186,20 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
         p.requires_grad_(True)
     before = attention_distances(model, eval_loader, eval_batches, accelerator.device)
 
-    steps_per_epoch = len(train_loader)
+    loader = accelerator.prepare(train_loader)  # this process's share of the batches
+    accumulation = max(1, config.gradient_accumulation_steps)
+    steps_per_epoch = math.ceil(len(loader) / accumulation)
     total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    # not passed to prepare(): accelerate would step it once per process at every step
     scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
-    optimizer, loader, scheduler = accelerator.prepare(optimizer, train_loader, scheduler)
+    optimizer = accelerator.prepare(optimizer)
 
-    state_path = Path(checkpoint_dir) / "stage1_state.pt" if checkpoint_dir else None
-    metrics_path = Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir and accelerator.is_main_process else None
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+    state_path = checkpoint_dir / "stage1_state.pt" if checkpoint_dir else None
+    metrics_path = checkpoint_dir / "metrics.jsonl" if checkpoint_dir and accelerator.is_main_process else None
+    if state_path is not None and not resume:
+        _clear(accelerator, [state_path, checkpoint_dir / "metrics.jsonl"], log)
     step, history, elapsed = 0, [], 0.0
     if state_path is not None and state_path.is_file():
         state = torch.load(state_path, map_location=accelerator.device, weights_only=False)
@@ -195,42 +209,50 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
         scheduler.load_state_dict(state["scheduler"])
         step, history, elapsed = state["step"], state["history"], state["seconds"]
         log(f"stage 1 resumed at step {step}/{total} from {state_path}")
+    _truncate_jsonl(metrics_path, step)  # lines of steps a killed run logged after its last checkpoint
 
-    recorder = DistillRecorder(train=True, loss_scale=1.0 / len(maps), output_loss_weight=config.output_loss_weight)
+    recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight)
     model.eval()  # dropout off: the teacher rows must be exact
     start = time.perf_counter() - elapsed
+    speed = _Throughput(accelerator.num_processes)
     bar = _progress(total, step, "stage 1: attention distillation", progress and accelerator.is_main_process)
     with distillation_mode(model, recorder):
         while step < total:
-            epoch, offset = divmod(step, steps_per_epoch)
+            epoch, done = divmod(step, steps_per_epoch)
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(epoch)
-            batches = accelerator.skip_first_batches(loader, offset) if offset else loader
-            for batch in batches:
-                recorder.reset()
+            for batch, window, boundary in _micro_batches(accelerator, loader, accumulation, done):
+                # each layer's loss is back-propagated inside the forward pass: scale it there
+                recorder.loss_scale = 1.0 / (len(maps) * window)
                 with accelerator.autocast():
                     model(**model_inputs(batch))
-                if accelerator.num_processes > 1:
-                    for p in params:
-                        if p.grad is not None:
-                            p.grad = accelerator.reduce(p.grad, reduction="mean")
-                layers = recorder.per_layer()
-                loss = sum(v["ce"] for v in layers.values()) / max(len(layers), 1)
-                kl = sum(v["kl"] for v in layers.values()) / max(len(layers), 1)
+                speed.add(batch)
+                if not boundary:
+                    continue
+                layers = recorder.per_layer()  # means over the step's micro-batches
+                loss, kl = _mean_over_processes(accelerator, [sum(v[key] for v in layers.values()) / len(layers)
+                                                              for key in ("ce", "kl")])
                 if not math.isfinite(loss):
                     bar.close()
                     raise LinearizeError(f"stage 1: the attention loss is {loss} at step {step + 1}; stopped before "
                                          "applying it (the last good checkpoint is kept): lower --lr")
+                if accelerator.num_processes > 1:
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad = accelerator.reduce(p.grad, reduction="mean")
                 if config.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                recorder.reset()
                 step += 1
-                history.append({"step": step, "ce": loss, "kl": kl, "lr": scheduler.get_last_lr()[0]})
+                history.append({"step": step, "ce": loss, "kl": kl, "lr": scheduler.get_last_lr()[0],
+                                "examples_per_second": speed.rate()})
                 _append_jsonl(metrics_path, history[-1])
-                bar.update(step, f"CE {loss:.3f} KL {kl:.3f}")
-                if state_path is not None and (step % config.checkpoint_every == 0 or step == total):
+                bar.update(step, f"CE {loss:.3f} KL {kl:.3f} · {speed.rate():.1f} ex/s")
+                if state_path is not None and (step == total or config.checkpoint_every
+                                               and step % config.checkpoint_every == 0):
                     _save_state(state_path, maps, optimizer, scheduler, step, history,
                                 time.perf_counter() - start, accelerator)
                 if step >= total:
@@ -242,6 +264,77 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
     return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
             "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
+
+
+def _micro_batches(accelerator, loader, accumulation, done_steps=0):
+    """One epoch of ``loader`` grouped into optimizer steps of ``accumulation`` micro-batches,
+    starting after ``done_steps`` steps (a resumed run skips them without loading them).
+
+    Yields ``(batch, window, boundary)``: ``window`` is the number of micro-batches of this
+    batch's step (``accumulation``; fewer for the epoch's last step when it does not divide the
+    epoch), so a loss scaled by ``1 / window`` sums to the step's mean; ``boundary`` is true on
+    the step's last micro-batch (time for the optimizer step).
+    """
+    count, first = len(loader), done_steps * accumulation
+    batches = accelerator.skip_first_batches(loader, first) if first else loader
+    for index, batch in enumerate(batches, first):
+        window_start = index - index % accumulation
+        window = min(accumulation, count - window_start)
+        yield batch, window, index + 1 == window_start + window
+
+
+def _mean_over_processes(accelerator, values):
+    """``values`` (floats) averaged over all processes (as they are with one process)."""
+    if accelerator.num_processes == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(tensor, reduction="mean").tolist()
+
+
+class _Throughput:
+    """Training examples per second (all processes together) since this run or resumption started."""
+
+    def __init__(self, num_processes=1):
+        self.num_processes = num_processes
+        self.examples = 0
+        self.start = time.perf_counter()
+
+    def add(self, batch):
+        """Count one micro-batch of this process (its leading tensor dimension)."""
+        first = next((v for v in batch.values() if torch.is_tensor(v)), None)
+        self.examples += (first.shape[0] if first is not None and first.ndim else 0) * self.num_processes
+
+    def rate(self):
+        return self.examples / max(time.perf_counter() - self.start, 1e-9)
+
+
+def _clear(accelerator, paths, log):
+    """Delete earlier checkpoint files or folders (``resume=False``) on the main process; all wait."""
+    import shutil
+
+    existing = [Path(p) for p in paths if Path(p).exists()]
+    if existing and accelerator.is_main_process:
+        for path in existing:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        log(f"not resuming: removed the earlier checkpoint in {existing[0].parent}")
+    accelerator.wait_for_everyone()
+
+
+def _truncate_jsonl(path, step):
+    """Keep only the ``metrics.jsonl`` lines of steps ``<= step`` (a resumed run logs the rest again)."""
+    if path is None or not path.is_file():
+        return
+    import json
+
+    from ..io import atomic_write_text
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _append_jsonl(path, entry):
@@ -257,15 +350,26 @@ def _append_jsonl(path, entry):
 
 def make_accelerator(mixed_precision="no", seed=0):
     """An ``Accelerator`` whose shuffling depends only on (seed, epoch): a resumed run sees
-    exactly the batches an uninterrupted one would."""
+    exactly the batches an uninterrupted one would.
+
+    Launched as several processes (``torchrun``, ``accelerate launch``) on a machine without an
+    accelerator device, the processes train together on CPU over gloo (``MULTI_CPU``): accelerate
+    only does that when asked (``cpu=True``); otherwise every process would train alone.
+    """
+    import os
+
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    return Accelerator(mixed_precision=mixed_precision,
+    has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_device
+    return Accelerator(mixed_precision=mixed_precision, cpu=cpu_processes,
                        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
 
 
 def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):
+    """Write the stage-1 checkpoint (main process) to a temporary file renamed over ``path``: a
+    killed run leaves the previous checkpoint whole."""
     if not accelerator.is_main_process:
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 A plain ``accelerate`` training loop (one CPU, one GPU, or ``accelerate launch`` over many):
 AdamW with a warmup/decay schedule, evaluation on the dev (selection) split after every epoch,
 early stopping on the task's dev metric, the best weights kept on disk and restored at the end,
-and a resumable checkpoint after every epoch (a run restarted with the same folder continues).
+optional gradient accumulation, and an atomically written resumable checkpoint every N
+optimizer steps and after every epoch (a run restarted with the same folder continues from it,
+mid-epoch included, with the same result as an uninterrupted run).
 
 Recipes (every field overridable):
 
@@ -15,8 +17,11 @@ Recipes (every field overridable):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,12 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..distill.stage1 import _append_jsonl, _progress, _scheduler, make_accelerator
+from ..distill.stage1 import (_Throughput, _append_jsonl, _clear, _mean_over_processes, _micro_batches, _progress,
+                              _scheduler, _truncate_jsonl, make_accelerator)
 from ..errors import LinearizeError
 
 
 @dataclass
 class FinetuneConfig:
+    """Stage-2 hyperparameters (defaults: the ``glue`` recipe)."""
+
     lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     batch_size: int = field(default=8, metadata={"help": "Training batch size (per process)."})
     eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch size."})
@@ -42,6 +50,10 @@ class FinetuneConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={
+        "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
+    checkpoint_every: int = field(default=200, metadata={
+        "help": "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only)."})
 
     def to_dict(self):
         return asdict(self)
@@ -92,12 +104,16 @@ def evaluate(model, loader, task, device=None, max_batches=None):
     return compute_metrics(task, logits, labels)
 
 
-def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, accelerator=None, progress=True,
-             log=print):
+def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
+             progress=True, log=print):
     """Fine-tune ``model`` in place on ``train_loader``; select on ``eval_loader`` (the dev split).
 
     ``task``: a ``TaskSpec`` or task name (its primary metric is maximised). The best weights
-    (by the dev metric) are restored before returning; ``output_dir`` holds the resumable state.
+    (by the dev metric) are restored before returning. ``output_dir`` holds the resumable state:
+    a checkpoint every ``config.checkpoint_every`` optimizer steps and at every epoch end, the
+    best weights (``best.pt``) and ``metrics.jsonl`` (one line per step and one per epoch). A run
+    started with the same folder continues from its last checkpoint, mid-epoch included, exactly
+    as an uninterrupted run would (``resume=False``: start afresh, clearing that state).
     Returns ``{best_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
     """
     from accelerate.utils import set_seed
@@ -109,27 +125,39 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     set_seed(config.seed)
     primary = primary_metric(task)
     output_dir = Path(output_dir)
-    state_dir, best_path, meta_path = output_dir / "state", output_dir / "best.pt", output_dir / "progress.json"
+    best_path, meta_path = output_dir / "best.pt", output_dir / "progress.json"
+    metrics_path = output_dir / "metrics.jsonl" if accelerator.is_main_process else None
+    if not resume:
+        _clear(accelerator, [meta_path, best_path, output_dir / "metrics.jsonl", *output_dir.glob("state*"),
+                             *output_dir.glob(".state*")], log)
 
     for p in model.parameters():
         p.requires_grad_(True)
+    loader = accelerator.prepare(train_loader)  # this process's share of the batches
+    accumulation = max(1, config.gradient_accumulation_steps)
+    steps_per_epoch = math.ceil(len(loader) / accumulation)
+    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+    epochs = math.ceil(total / steps_per_epoch)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-    steps_per_epoch = len(train_loader)
-    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
-    epochs = math.ceil(total / steps_per_epoch)
+    # not passed to prepare(): accelerate would step it once per process at every step
     scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
 
-    meta = {"epoch": 0, "step": 0, "best_metric": None, "best_epoch": None, "stale": 0, "history": [], "seconds": 0.0}
-    resumed = meta_path.is_file() and state_dir.is_dir()
+    # epoch = finished epochs; epoch_step and running = optimizer steps and their loss sum in the current one
+    meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
+            "stale": 0, "history": [], "seconds": 0.0, "state": None}
+    saved = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    resumed = saved is not None and (output_dir / (saved.get("state") or "state")).is_dir()
     if resumed:
-        meta = json.loads(meta_path.read_text())
-        accelerator.load_state(str(state_dir))
-        log(f"stage 2 resumed after epoch {meta['epoch']} from {output_dir}")
+        meta.update(saved)
+        accelerator.load_state(str(output_dir / (meta["state"] or "state")))  # "state": folders of older versions
+        log(f"stage 2 resumed at step {meta['step']}/{total} (epoch {meta['epoch'] + 1}) from {output_dir}")
+    _truncate_jsonl(metrics_path, meta["step"])  # lines of steps a killed run logged after its last checkpoint
     start = time.perf_counter() - meta["seconds"]
     bar = _progress(total, meta["step"], "fine-tuning", progress and accelerator.is_main_process)
     device = accelerator.device
@@ -137,32 +165,50 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         model.train()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(meta["epoch"])
-        running, count = 0.0, 0
-        for batch in loader:
-            with accelerator.autocast():
-                loss = model(**{k: v for k, v in batch.items() if k != "idx"}).loss
-            if not torch.isfinite(loss):
+        speed, step_loss = _Throughput(accelerator.num_processes), 0.0
+        for batch, window, boundary in _micro_batches(accelerator, loader, accumulation, meta["epoch_step"]):
+            # gradients are only all-reduced (several processes) on the step's last micro-batch
+            with contextlib.nullcontext() if boundary else accelerator.no_sync(model):
+                with accelerator.autocast():
+                    loss = model(**{k: v for k, v in batch.items() if k != "idx"}).loss
+                accelerator.backward(loss / window)
+            step_loss += loss.item() / window
+            speed.add(batch)
+            if not boundary:
+                continue
+            (step_loss,) = _mean_over_processes(accelerator, [step_loss])
+            if not math.isfinite(step_loss):
                 bar.close()
-                raise LinearizeError(f"fine-tuning: the loss is {loss.item()} at step {meta['step'] + 1}; stopped "
-                                     f"(the best checkpoint so far is kept in {output_dir}): lower --lr")
-            accelerator.backward(loss)
+                raise LinearizeError(f"fine-tuning: the loss is {step_loss} at step {meta['step'] + 1}; stopped "
+                                     f"before applying it (the last good checkpoint is kept in {output_dir}): "
+                                     "lower --lr")
             if config.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             meta["step"] += 1
-            running, count = running + loss.item(), count + 1
-            bar.update(meta["step"], f"epoch {meta['epoch'] + 1} loss {running / count:.4f}")
+            meta["epoch_step"] += 1
+            meta["running"] += step_loss
+            _append_jsonl(metrics_path, {"step": meta["step"], "epoch": meta["epoch"] + 1, "loss": step_loss,
+                                         "lr": scheduler.get_last_lr()[0], "examples_per_second": speed.rate()})
+            bar.update(meta["step"], f"epoch {meta['epoch'] + 1} loss {meta['running'] / meta['epoch_step']:.4f}"
+                                     f" · {speed.rate():.1f} ex/s")
+            step_loss = 0.0
             if meta["step"] >= total:
                 break
+            if config.checkpoint_every and meta["step"] % config.checkpoint_every == 0 \
+                    and meta["epoch_step"] < steps_per_epoch:  # the epoch's last step is saved below
+                meta["seconds"] = time.perf_counter() - start
+                _save_checkpoint(accelerator, output_dir, meta)
         meta["epoch"] += 1
         metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, device)
-        entry = {"epoch": meta["epoch"], "step": meta["step"], "train_loss": running / max(count, 1),
-                 "lr": scheduler.get_last_lr()[0], **{f"dev_{k}": v for k, v in metrics.items()}}
+        entry = {"epoch": meta["epoch"], "step": meta["step"],
+                 "train_loss": meta["running"] / max(meta["epoch_step"], 1), "lr": scheduler.get_last_lr()[0],
+                 "examples_per_second": speed.rate(), **{f"dev_{k}": v for k, v in metrics.items()}}
         meta["history"].append(entry)
-        if accelerator.is_main_process:
-            _append_jsonl(output_dir / "metrics.jsonl", entry)
+        meta.update(epoch_step=0, running=0.0)
+        _append_jsonl(metrics_path, entry)
         score = metrics[primary]
         if meta["best_metric"] is None or score > meta["best_metric"]:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
@@ -171,11 +217,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         else:
             meta["stale"] += 1
         meta["seconds"] = time.perf_counter() - start
-        accelerator.save_state(str(state_dir))
-        if accelerator.is_main_process:
-            from ..io import atomic_write_json
-
-            atomic_write_json(meta_path, meta)
+        _save_checkpoint(accelerator, output_dir, meta)
         log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
             f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
     bar.close()
@@ -187,6 +229,34 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"], "primary_metric": primary,
             "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
             "seconds": time.perf_counter() - start, "resumed": resumed, "config": config.to_dict()}
+
+
+def _save_checkpoint(accelerator, output_dir, meta):
+    """Save the resumable state atomically (every process takes part).
+
+    ``accelerator.save_state`` fills a temporary folder, which is renamed to
+    ``state-<epoch>-<step>``; then ``progress.json`` (``meta``), replaced atomically, names it: that
+    is the commit point. Older state folders are removed last, so a run killed at any moment
+    leaves a ``progress.json`` naming a complete state.
+    """
+    from ..io import atomic_write_json
+
+    name = f"state-{meta['epoch']}-{meta['step']}"
+    tmp, final = output_dir / f".{name}.tmp", output_dir / name
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while saving
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    meta["state"] = name
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)  # renamed but never committed by a killed run
+        os.replace(tmp, final)
+        atomic_write_json(output_dir / "progress.json", meta)
+        for old in [*output_dir.glob("state*"), *output_dir.glob(".state*")]:
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
 
 
 def _atomic_torch_save(obj, path):
