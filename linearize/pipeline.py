@@ -396,7 +396,9 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         cfg = DistillConfig(lr=s1["lr"], epochs=s1["epochs"], max_steps=s1["max_steps"],
                             weight_decay=s1["weight_decay"], warmup_ratio=s1["warmup_ratio"],
                             scheduler=s1["scheduler"], output_loss_weight=s1["output_loss_weight"],
-                            max_grad_norm=s1["max_grad_norm"], seed=seed)
+                            max_grad_norm=s1["max_grad_norm"], seed=seed,
+                            gradient_accumulation_steps=s1["gradient_accumulation_steps"],
+                            checkpoint_every=s1["checkpoint_every"], mixed_precision=s1["mixed_precision"])
         loaders = make_loaders(recipe, data, spec, processor, s1["batch_size"], seed)
         if s1["enabled"]:
             stage1_result = distill(student, loaders["train"], cfg, eval_loader=eval_loaders["validation"],
@@ -448,7 +450,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
 def _finetune_config(section, seed):
     keys = ("lr", "batch_size", "epochs", "max_steps", "weight_decay", "scheduler", "warmup_ratio", "patience",
-            "max_grad_norm")
+            "max_grad_norm", "gradient_accumulation_steps", "checkpoint_every", "mixed_precision")
     return FinetuneConfig(seed=seed, **{k: section[k] for k in keys if k in section})
 
 

@@ -39,15 +39,17 @@ DEFAULTS = {
     "teacher": {
         "finetune": True, "lr": 2e-5, "batch_size": 32, "epochs": 3.0, "max_steps": None, "weight_decay": 0.0,
         "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
+        "gradient_accumulation_steps": 1, "checkpoint_every": 200, "mixed_precision": "no",
     },
     "stage1": {
         "enabled": True, "lr": 1e-3, "batch_size": 32, "epochs": 1.0, "max_steps": None, "weight_decay": 0.0,
         "warmup_ratio": 0.0, "scheduler": "cosine", "output_loss_weight": 0.0, "max_grad_norm": 1.0,
-        "eval_batches": 10,
+        "eval_batches": 10, "gradient_accumulation_steps": 1, "checkpoint_every": 100, "mixed_precision": "no",
     },
     "stage2": {
         "enabled": True, "lr": 1e-5, "batch_size": 8, "epochs": 10.0, "max_steps": None, "weight_decay": 0.0,
         "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
+        "gradient_accumulation_steps": 1, "checkpoint_every": 200, "mixed_precision": "no",
     },
     "eval": {"batch_size": 64, "latency_batch_size": 1, "latency_repeats": 10, "examples": 3},
     "quick": {},
