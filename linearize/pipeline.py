@@ -134,8 +134,10 @@ def data_hash(data):
 
 # ---- measurements -----------------------------------------------------------------------------------
 
-def scores(model, loaders, spec, splits):
-    return {split: evaluate(model, loaders[split], spec) for split in splits if split in loaders}
+def scores(model, loaders, spec, splits, progress=False):
+    """The task's metrics on each of ``splits`` (with progress bars if ``progress``)."""
+    return {split: evaluate(model, loaders[split], spec, description=f"  evaluating on {split}" if progress else None)
+            for split in splits if split in loaders}
 
 
 def recovery(teacher, student):
@@ -377,7 +379,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
             check_head(teacher, spec, recipe["model"])
         teacher.eval()
         _save_model(teacher, processor, teacher_dir)
-        teacher_result["scores"] = scores(teacher, eval_loaders, spec, splits)
+        teacher_result["scores"] = scores(teacher, eval_loaders, spec, splits, progress)
         state.finish("teacher", _comparable(teacher_result))
     teacher.eval()
 
@@ -409,7 +411,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
             stage1_result = {"skipped": True, "reason": "stage1.enabled is false", "per_layer_before": per_layer,
                              "per_layer_after": per_layer, "history": [], "seconds": 0.0, "steps": 0}
         student.eval()
-        stage1_result["scores"] = scores(student, eval_loaders, spec, splits)
+        stage1_result["scores"] = scores(student, eval_loaders, spec, splits, progress)
         _save_model(student, processor, stage1_dir)
         state.finish("stage1", _comparable(stage1_result))
 
@@ -426,7 +428,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         stage2_result = finetune(student, loaders["train"], eval_loaders["validation"], spec,
                                  out_dir / "work" / "stage2", config=cfg, progress=progress, log=log)
         student.eval()
-        stage2_result["scores"] = scores(student, eval_loaders, spec, splits)
+        stage2_result["scores"] = scores(student, eval_loaders, spec, splits, progress)
         _save_model(student, processor, model_dir)
         state.finish("stage2", _comparable(stage2_result))
     else:
@@ -607,12 +609,12 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
                       Path(out).with_name(Path(out).name + ".work"), config=config, resume=resume, progress=progress,
                       log=log)
     splits = [s for s in loaded if s != "train"]
-    result["scores"] = scores(net, loaders, spec, splits)
+    result["scores"] = scores(net, loaders, spec, splits, progress)
     _save_model(net, processor, out, {"finetune.json": result})
     return result
 
 
-def evaluate_model(model, task, *, data=None, head=None, batch_size=64):
+def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
     recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data, head)
     check_head(net, spec, model)
@@ -620,4 +622,4 @@ def evaluate_model(model, task, *, data=None, head=None, batch_size=64):
     loaders = make_loaders(recipe, loaded, spec, processor, batch_size, 0)
     splits = [s for s in loaded if s != "train"]
     return {"task": spec.name, "converted": converted, "primary_metric": spec.primary_metric,
-            "scores": scores(net, loaders, spec, splits)}
+            "scores": scores(net, loaders, spec, splits, progress)}

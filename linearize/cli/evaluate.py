@@ -49,7 +49,7 @@ def eval_glue(
 
         raise LinearizeError(f"{task!r} is not a GLUE task; valid: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli")
     data = data_options(data_dir=data_dir, max_length=max_length)
-    _report(evaluate_model(model, task, data=data, batch_size=batch_size), json_path)
+    _report(evaluate_model(model, task, data=data, batch_size=batch_size, progress=True), json_path)
 
 
 @eval_app.command("text")
@@ -71,7 +71,7 @@ def eval_text(
 
     data = data_options(None, train_file, validation_file, test_file, text_column, text_pair_column, label_column,
                         max_length)
-    _report(evaluate_model(model, task, data=data, batch_size=batch_size), json_path)
+    _report(evaluate_model(model, task, data=data, batch_size=batch_size, progress=True), json_path)
 
 
 @eval_app.command("image")
@@ -90,4 +90,4 @@ def eval_image(
     from ..pipeline import evaluate_model
 
     data = {"data_dir": data_dir and str(data_dir)}
-    _report(evaluate_model(model, dataset, data=data, batch_size=batch_size), json_path)
+    _report(evaluate_model(model, dataset, data=data, batch_size=batch_size, progress=True), json_path)

@@ -73,12 +73,15 @@ def recipe(name, **overrides):
 
 
 @torch.no_grad()
-def predict(model, loader, device=None, max_batches=None):
-    """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int)."""
+def predict(model, loader, device=None, max_batches=None, description=None):
+    """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int); with a
+    ``description``, a progress bar."""
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
     all_logits, all_labels = [], []
+    total = len(loader) if max_batches is None else min(len(loader), max_batches)
+    bar = _progress(total, 0, description, description is not None)
     for step, batch in enumerate(loader):
         if max_batches is not None and step >= max_batches:
             break
@@ -88,17 +91,20 @@ def predict(model, loader, device=None, max_batches=None):
         all_logits.append(logits.float().cpu())
         if labels is not None:
             all_labels.append(labels.cpu())
+        bar.update(step + 1)
+    bar.close()
     model.train(was_training)
     logits = torch.cat(all_logits).numpy() if all_logits else np.zeros((0, 0), np.float32)
     labels = torch.cat(all_labels).numpy() if all_labels else None
     return logits, labels
 
 
-def evaluate(model, loader, task, device=None, max_batches=None):
-    """The task's metrics (``linearize.metrics``) of ``model`` on one split."""
+def evaluate(model, loader, task, device=None, max_batches=None, description=None):
+    """The task's metrics (``linearize.metrics``) of ``model`` on one split (``description``: show
+    a progress bar)."""
     from ..metrics import compute_metrics
 
-    logits, labels = predict(model, loader, device, max_batches)
+    logits, labels = predict(model, loader, device, max_batches, description)
     if labels is None:
         raise ValueError("the evaluation split has no labels")
     return compute_metrics(task, logits, labels)
@@ -202,7 +208,8 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
                 meta["seconds"] = time.perf_counter() - start
                 _save_checkpoint(accelerator, output_dir, meta)
         meta["epoch"] += 1
-        metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, device)
+        metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, device,
+                           description="  dev evaluation" if progress and accelerator.is_main_process else None)
         entry = {"epoch": meta["epoch"], "step": meta["step"],
                  "train_loss": meta["running"] / max(meta["epoch_step"], 1), "lr": scheduler.get_last_lr()[0],
                  "examples_per_second": speed.rate(), **{f"dev_{k}": v for k, v in metrics.items()}}
