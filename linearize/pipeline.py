@@ -426,7 +426,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         cfg = _finetune_config(recipe["stage2"], seed)
         loaders = make_loaders(recipe, data, spec, processor, cfg.batch_size, seed)
         stage2_result = finetune(student, loaders["train"], eval_loaders["validation"], spec,
-                                 out_dir / "work" / "stage2", config=cfg, progress=progress, log=log)
+                                 out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=progress, log=log)
         student.eval()
         stage2_result["scores"] = scores(student, eval_loaders, spec, splits, progress)
         _save_model(student, processor, model_dir)
@@ -452,7 +452,8 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
 def _finetune_config(section, seed):
     keys = ("lr", "batch_size", "epochs", "max_steps", "weight_decay", "scheduler", "warmup_ratio", "patience",
-            "max_grad_norm", "gradient_accumulation_steps", "checkpoint_every", "mixed_precision")
+            "max_grad_norm", "gradient_accumulation_steps", "checkpoint_every", "mixed_precision", "kd_weight",
+            "kd_temperature")
     return FinetuneConfig(seed=seed, **{k: section[k] for k in keys if k in section})
 
 
@@ -594,8 +595,11 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
 
 
 def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
-                   progress=True, log=print):
+                   teacher=None, progress=True, log=print):
     """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it.
+
+    ``teacher`` (a folder or checkpoint with the task's head): the model whose outputs the
+    ``config.kd_weight`` term distils from.
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
     (which clears them and starts afresh)."""
@@ -604,10 +608,13 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     prepare_output_dir(out, overwrite=overwrite)
     recipe, loaded, spec, net, converted, processor = _stage_inputs(model, task, data, head)
     config = config or FinetuneConfig()
+    if teacher is not None:
+        teacher, _ = load_model_for_task(teacher, spec, head)
+        check_head(teacher, spec, "the teacher")
     loaders = make_loaders(recipe, loaded, spec, processor, config.batch_size, config.seed)
     result = finetune(net, loaders["train"], loaders["validation"], spec,
-                      Path(out).with_name(Path(out).name + ".work"), config=config, resume=resume, progress=progress,
-                      log=log)
+                      Path(out).with_name(Path(out).name + ".work"), config=config, resume=resume, teacher=teacher,
+                      progress=progress, log=log)
     splits = [s for s in loaded if s != "train"]
     result["scores"] = scores(net, loaders, spec, splits, progress)
     _save_model(net, processor, out, {"finetune.json": result})

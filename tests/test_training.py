@@ -416,6 +416,7 @@ def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "distill_model", fake_distill_model)
     monkeypatch.setattr(pipeline, "finetune_model", fake_finetune_model)
     common = ["--gradient-accumulation-steps", "3", "--checkpoint-every", "7", "--mixed-precision", "bf16"]
+    kd = ["--teacher", "t", "--kd-weight", "0.5", "--kd-temperature", "3"]
     for command in ("distill", "finetune"):
         result = runner.invoke(app, [command, "m", "--out", str(tmp_path / command), *common])
         assert result.exit_code == 0, result.output
@@ -425,5 +426,47 @@ def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
         runner.invoke(app, [command, "m", "--out", str(tmp_path / command), "--no-resume"])
         assert calls[command]["resume"] is False
     assert calls["finetune"]["config"].checkpoint_every == 200  # the recipe's default when not given
+    runner.invoke(app, ["finetune", "m", "--out", str(tmp_path / "kd"), *kd])
+    assert calls["finetune"]["teacher"] == "t"
+    assert (calls["finetune"]["config"].kd_weight, calls["finetune"]["config"].kd_temperature) == (0.5, 3.0)
     help_text = " ".join(runner.invoke(app, ["distill", "--help"]).output.split())
     assert "--no-resume" in help_text
+
+
+def test_logit_distillation_matches_its_definition():
+    from linearize.distill.losses import logit_distillation
+
+    student, teacher = torch.tensor([[1.0, 0.0], [0.5, 2.0]]), torch.tensor([[2.0, -1.0], [0.0, 1.0]])
+    t = 2.0
+    p = torch.softmax(teacher / t, -1)
+    expected = (p * (p.log() - torch.log_softmax(student / t, -1))).sum(-1).mean() * t * t
+    torch.testing.assert_close(logit_distillation(student, teacher, t), expected)
+    assert logit_distillation(teacher, teacher, t).abs() < 1e-6
+    torch.testing.assert_close(logit_distillation(torch.tensor([[1.0], [3.0]]), torch.tensor([[2.0], [3.0]]),
+                                                  regression=True), torch.tensor(0.5))
+
+
+def test_stage2_distils_toward_the_teacher_outputs(tmp_path):
+    """kd_weight = 1: only the teacher's outputs are fitted (the labels are ignored), so the
+    student's logits move toward the teacher's; kd_weight without a teacher is refused."""
+    teacher = _student()
+    torch.manual_seed(5)
+    for p in teacher.parameters():
+        p.data.add_(0.5 * torch.randn_like(p))
+    config = FinetuneConfig(lr=3e-3, batch_size=4, epochs=3, patience=0, kd_weight=1.0, kd_temperature=1.0)
+    student = _student()
+    batch = next(iter(_loader(batch_size=24)))
+    model_inputs = {k: v for k, v in batch.items() if k != "labels"}
+    teacher.eval(), student.eval()
+    with torch.no_grad():
+        target = teacher(**model_inputs).logits.softmax(-1)
+        before = (student(**model_inputs).logits.softmax(-1) - target).abs().mean()
+    finetune(student, _loader(), _loader(), "sst2", tmp_path / "kd", config=config, teacher=teacher, progress=False,
+             log=lambda *a, **k: None)
+    student.eval()
+    with torch.no_grad():
+        after = (student(**model_inputs).logits.softmax(-1) - target).abs().mean()
+    assert after < 0.5 * before, (before, after)
+    with pytest.raises(LinearizeError, match="needs the softmax teacher"):
+        finetune(_student(), _loader(), _loader(), "sst2", tmp_path / "no-teacher", config=config, progress=False,
+                 log=lambda *a, **k: None)

@@ -103,6 +103,11 @@ def finetune_command(
     mixed_precision: Annotated[Optional[str], typer.Option(
         help="no | fp16 | bf16 (accelerate mixed precision; default no).")] = None,
     resume: ResumeOpt = True,
+    teacher: Annotated[Optional[str], typer.Option(
+        help="The softmax teacher (folder or checkpoint with the task's head) for --kd-weight.")] = None,
+    kd_weight: Annotated[Optional[float], typer.Option(
+        help="Weight a of distillation toward --teacher's outputs: loss = (1-a)*task + a*KD (default 0).")] = None,
+    kd_temperature: Annotated[Optional[float], typer.Option(help="Temperature of that term (default 2).")] = None,
     head: Annotated[Optional[str], typer.Option(help="Task head for an unconverted checkpoint.")] = None,
     data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
@@ -120,12 +125,13 @@ def finetune_command(
     overrides = {k: v for k, v in dict(lr=lr, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                        weight_decay=weight_decay, scheduler=scheduler, warmup_ratio=warmup_ratio,
                                        patience=patience, gradient_accumulation_steps=gradient_accumulation_steps,
-                                       checkpoint_every=checkpoint_every, mixed_precision=mixed_precision).items()
+                                       checkpoint_every=checkpoint_every, mixed_precision=mixed_precision,
+                                       kd_weight=kd_weight, kd_temperature=kd_temperature).items()
                  if v is not None}
     config = finetune_recipe(recipe, seed=seed, **overrides)
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)
     result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
-                            resume=resume, log=console.print)
+                            resume=resume, teacher=teacher, log=console.print)
     print_scores(result["scores"], f"best checkpoint (epoch {result['best_epoch']}) on {task}")
     console.print(f"saved to {out}")

@@ -47,3 +47,19 @@ def output_mse(student_out, teacher_out, query_mask=None):
     output-matching term LoLCATs uses beside attention transfer, Zhang et al. 2025 §3.1)."""
     err = (student_out.float() - teacher_out.float()).pow(2).mean(-1)
     return _row_mean(err, query_mask)
+
+
+def logit_distillation(student_logits, teacher_logits, temperature=2.0, regression=False):
+    """Knowledge distillation of the task outputs (Hinton et al. 2015, "Distilling the Knowledge
+    in a Neural Network", §2): ``T²·KL(softmax(z_t/T) ‖ softmax(z_s/T))`` averaged over the batch
+    (the T² keeps its gradient scale independent of T); for a regression head (STS-B) the mean
+    squared error between the two predictions. A stage-2 lever of linearize's (not in the
+    linear-attention papers): the converted student fine-tunes toward the softmax teacher's
+    outputs as well as the labels."""
+    if regression:
+        return (student_logits.float() - teacher_logits.float()).pow(2).mean()
+    t = float(temperature)
+    log_student = torch.log_softmax(student_logits.float() / t, dim=-1)
+    log_teacher = torch.log_softmax(teacher_logits.float() / t, dim=-1)
+    kl = (log_teacher.exp() * (log_teacher - log_student)).sum(-1)
+    return kl.mean() * t * t

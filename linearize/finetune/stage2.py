@@ -31,6 +31,7 @@ import torch
 
 from ..distill.stage1 import (_Throughput, _append_jsonl, _clear, _mean_over_processes, _micro_batches, _progress,
                               _scheduler, _truncate_jsonl, make_accelerator)
+from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
 
 
@@ -50,6 +51,9 @@ class FinetuneConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+    kd_weight: float = field(default=0.0, metadata={
+        "help": "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off)."})
+    kd_temperature: float = field(default=2.0, metadata={"help": "Temperature of that distillation term."})
     gradient_accumulation_steps: int = field(default=1, metadata={
         "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
     checkpoint_every: int = field(default=200, metadata={
@@ -111,7 +115,7 @@ def evaluate(model, loader, task, device=None, max_batches=None, description=Non
 
 
 def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
-             progress=True, log=print):
+             teacher=None, progress=True, log=print):
     """Fine-tune ``model`` in place on ``train_loader``; select on ``eval_loader`` (the dev split).
 
     ``task``: a ``TaskSpec`` or task name (its primary metric is maximised). The best weights
@@ -120,6 +124,8 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     best weights (``best.pt``) and ``metrics.jsonl`` (one line per step and one per epoch). A run
     started with the same folder continues from its last checkpoint, mid-epoch included, exactly
     as an uninterrupted run would (``resume=False``: start afresh, clearing that state).
+    ``teacher``: with ``config.kd_weight > 0``, a frozen model whose outputs on the same batch
+    the loss also matches (:func:`linearize.distill.losses.logit_distillation`).
     Returns ``{best_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
     """
     from accelerate.utils import set_seed
@@ -137,6 +143,11 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         _clear(accelerator, [meta_path, best_path, output_dir / "metrics.jsonl", *output_dir.glob("state*"),
                              *output_dir.glob(".state*")], log)
 
+    if config.kd_weight and teacher is None:
+        raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
+    if config.kd_weight:
+        teacher.to(accelerator.device).eval()
+        regression = _is_regression(task)
     for p in model.parameters():
         p.requires_grad_(True)
     loader = accelerator.prepare(train_loader)  # this process's share of the batches
@@ -176,7 +187,14 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
             # gradients are only all-reduced (several processes) on the step's last micro-batch
             with contextlib.nullcontext() if boundary else accelerator.no_sync(model):
                 with accelerator.autocast():
-                    loss = model(**{k: v for k, v in batch.items() if k != "idx"}).loss
+                    outputs = model(**{k: v for k, v in batch.items() if k != "idx"})
+                    loss = outputs.loss
+                    if config.kd_weight:
+                        with torch.no_grad():
+                            target = teacher(**{k: v for k, v in batch.items()
+                                                if k not in ("idx", "labels", "label")}).logits
+                        loss = (1 - config.kd_weight) * loss + config.kd_weight * logit_distillation(
+                            outputs.logits, target, config.kd_temperature, regression)
                 accelerator.backward(loss / window)
             step_loss += loss.item() / window
             speed.add(batch)
@@ -264,6 +282,16 @@ def _save_checkpoint(accelerator, output_dir, meta):
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+def _is_regression(task):
+    """True for a regression task (STS-B), given its ``TaskSpec`` or its GLUE name."""
+    if hasattr(task, "is_regression"):
+        return bool(task.is_regression)
+    from ..data.glue import GLUE_TASKS, glue_task_name
+
+    glue = glue_task_name(task)
+    return glue is not None and GLUE_TASKS[glue].is_regression
 
 
 def _atomic_torch_save(obj, path):

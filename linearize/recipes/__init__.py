@@ -50,6 +50,7 @@ DEFAULTS = {
         "enabled": True, "lr": 1e-5, "batch_size": 8, "epochs": 10.0, "max_steps": None, "weight_decay": 0.0,
         "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
         "gradient_accumulation_steps": 1, "checkpoint_every": 200, "mixed_precision": "no",
+        "kd_weight": 0.0, "kd_temperature": 2.0,
     },
     "eval": {"batch_size": 64, "latency_batch_size": 1, "latency_repeats": 10, "examples": 3},
     "quick": {},
