@@ -92,7 +92,7 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
                 run_recipe = merge(copy.deepcopy(recipe), copy.deepcopy(overrides))
                 run_recipe.update(method=method, seed=seed)
                 run_recipe["stage1"]["enabled"] = stage1 and run_recipe["stage1"].get("enabled", True)
-                row = f"{label} [{name}]" if name else label
+                row = f"{label} ({name})" if name else label
                 folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
                                                     + (f"--{slug(name)}" if name else ""))
                 log(f"== seed {seed}: {row} -> {folder}")

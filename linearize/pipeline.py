@@ -260,9 +260,12 @@ class RunState:
     def __init__(self, out_dir, recipe):
         self.path = Path(out_dir) / "state.json"
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        if recipe is not None and self.data and self.data.get("recipe") != _comparable(recipe):
-            raise LinearizeError(f"{out_dir} holds a run of a different recipe; choose another --out or pass "
-                                 "--overwrite to start over")
+        if recipe is not None and self.data:
+            difference = recipe_difference(self.data.get("recipe") or {}, _comparable(recipe))
+            if difference is not None:
+                raise LinearizeError(f"{out_dir} holds a run of a different recipe ({difference}); choose another "
+                                     "--out or pass --overwrite to start over")
+            self.data["recipe"] = _comparable(recipe)  # keys added since, at their defaults
         self.data.setdefault("recipe", _comparable(recipe))
         self.data.setdefault("stages", {})
 
@@ -275,6 +278,25 @@ class RunState:
     def finish(self, stage, result):
         self.data["stages"][stage] = result
         atomic_write_json(self.path, self.data)
+
+
+def recipe_difference(saved, current, defaults=None, path=""):
+    """The first setting in which two resolved recipes differ, as ``"key: saved -> current"``, or
+    None. A key missing from ``saved`` (a run folder written before the key existed) counts as
+    its default (:data:`linearize.recipes.DEFAULTS`)."""
+    from .recipes import DEFAULTS
+
+    defaults = DEFAULTS if defaults is None else defaults
+    for key in sorted(set(saved) | set(current), key=str):
+        default = defaults.get(key) if isinstance(defaults, dict) else None
+        old, new = saved.get(key, default), current.get(key, default)
+        if isinstance(old, dict) and isinstance(new, dict) and key not in ("options", "quick"):
+            found = recipe_difference(old, new, default if isinstance(default, dict) else {}, f"{path}{key}.")
+            if found is not None:
+                return found
+        elif old != new:
+            return f"{path}{key}: {old!r} -> {new!r}"
+    return None
 
 
 def _comparable(recipe):
@@ -354,10 +376,11 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         if not shared.done("teacher"):
             raise LinearizeError(f"{teacher_from} has no finished teacher to share")
         theirs, ours = shared.data.get("recipe") or {}, _comparable(recipe)
-        for key in ("model", "head", "task", "data", "teacher", "seed"):
-            if theirs.get(key) != ours.get(key):
-                raise LinearizeError(f"{teacher_from}'s teacher was made with another {key!r} "
-                                     f"({theirs.get(key)!r}, here {ours.get(key)!r}); drop --teacher-from or match it")
+        keys = ("model", "head", "task", "data", "teacher", "seed")
+        difference = recipe_difference({k: theirs.get(k) for k in keys}, {k: ours.get(k) for k in keys})
+        if difference is not None:
+            raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); drop "
+                                 "--teacher-from or match it")
         _link_or_copy(Path(teacher_from) / "teacher", teacher_dir)
         state.finish("teacher", shared.get("teacher"))
     if state.done("teacher"):

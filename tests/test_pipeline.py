@@ -78,7 +78,7 @@ def test_run_writes_report_model_and_resumes(workspace):
     assert again["scores"] == report["scores"]
     # another recipe in the same folder is refused
     other = load_recipe(str(workspace / "tiny.yaml"), overrides={"method": "t2r"})
-    with pytest.raises(linearize.errors.LinearizeError, match="different recipe"):
+    with pytest.raises(linearize.errors.LinearizeError, match=r"different recipe \(method: .hedgehog. -> .t2r.\)"):
         run(other, out, progress=False, log=lambda *a, **k: None)
 
 
@@ -162,8 +162,8 @@ def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     out = workspace / "levers"
     table = compare(recipe, out, methods=["t2r"], seeds=[0], without_stage1=False, settings=settings,
                     teachers_from=first, progress=False, log=lambda *a, **k: None)
-    assert [row["row"] for row in table["rows"]] == ["softmax (teacher)", "t2r + stage 1 [plain]",
-                                                       "t2r + stage 1 [stage 1 x2]"]
+    assert [row["row"] for row in table["rows"]] == ["softmax (teacher)", "t2r + stage 1 (plain)",
+                                                       "t2r + stage 1 (stage 1 x2)"]
     assert table["settings"] == settings
     assert not list(out.glob("seed0/*/work/teacher"))  # no teacher fine-tuned here
     longer = json.loads((out / "seed0" / "t2r--stage-1-x2" / "report.json").read_text())
@@ -173,7 +173,7 @@ def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     from linearize.errors import LinearizeError
 
     other_seed = dict(recipe, seed=1)
-    with pytest.raises(LinearizeError, match="another 'seed'"):
+    with pytest.raises(LinearizeError, match=r"another recipe \(seed: 0 -> 1\)"):
         run(other_seed, workspace / "wrong-teacher", teacher_from=first / "seed0" / "t2r", progress=False,
             log=lambda *a, **k: None)
     with pytest.raises(LinearizeError, match="unknown recipe key 'stage1.epoch'"):
@@ -188,3 +188,16 @@ def test_set_values_are_typed_like_yaml_with_exponent_numbers_as_floats():
                         "layers="])
     assert parsed == {"stage1": {"lr": 0.01, "epochs": 3, "enabled": False}, "stage2": {"lr": 5e-5},
                       "method": "luna", "layers": None}
+
+
+def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
+    """A key added to the recipes since a run was written counts as its default; a real change
+    is named."""
+    from linearize.pipeline import recipe_difference
+
+    current = load_recipe(None)
+    saved = json.loads(json.dumps(current))
+    del saved["stage2"]["kd_weight"]
+    assert recipe_difference(saved, json.loads(json.dumps(current))) is None
+    changed = load_recipe(None, overrides={"stage2": {"kd_weight": 0.5}})
+    assert recipe_difference(saved, json.loads(json.dumps(changed))) == "stage2.kd_weight: 0.0 -> 0.5"
