@@ -383,6 +383,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
                                  "--teacher-from or match it")
         _link_or_copy(Path(teacher_from) / "teacher", teacher_dir)
         state.finish("teacher", shared.get("teacher"))
+    reused_stages = {stage for stage in ("teacher", "stage1", "stage2") if state.done(stage)}
     if state.done("teacher"):
         log("[2/6] teacher: reusing the finished teacher")
         teacher = _load_saved(teacher_dir, converted=False)
@@ -461,14 +462,19 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
     log("[5/6] measuring latency and attention")
     batch, seq_len = latency_batch(recipe, spec, eval_loaders[report_split])
-    timing = latency(teacher, student, batch, recipe["eval"]["latency_repeats"])
+    if not state.done("latency"):  # measured once: a resumed run keeps the figure of its own run
+        state.finish("latency", latency(teacher, student, batch, recipe["eval"]["latency_repeats"]))
+    timing = state.get("latency")
     visuals = {"luna_channels": luna_channels(student, eval_loaders["validation"]),
                "cls_attention": cls_attention(teacher, student, eval_loaders[report_split], spec, processor,
                                               recipe["eval"]["examples"])}
 
     log("[6/6] writing the report")
+    # total: this call's wall time plus the stages it reused from earlier calls (or a shared teacher)
+    reused = sum(state.get(stage).get("seconds", 0.0) for stage in ("teacher", "stage1", "stage2")
+                 if stage in reused_stages)
     report = build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split,
-                          timing, seq_len, batch, visuals, time.perf_counter() - started)
+                          timing, seq_len, batch, visuals, time.perf_counter() - started + reused)
     write_run_report(report, out_dir)
     return report
 

@@ -76,6 +76,9 @@ def test_run_writes_report_model_and_resumes(workspace):
     # a second run resumes: every stage is reused, the scores are identical
     again = run(recipe, out, progress=False, log=lambda *a, **k: None)
     assert again["scores"] == report["scores"]
+    assert again["latency"] == report["latency"]  # measured once, by the run that made the model
+    stages = sum(again["timing"][f"{stage}_seconds"] for stage in ("teacher", "stage1", "stage2"))
+    assert again["timing"]["total_seconds"] >= stages > 0
     # another recipe in the same folder is refused
     other = load_recipe(str(workspace / "tiny.yaml"), overrides={"method": "t2r"})
     with pytest.raises(linearize.errors.LinearizeError, match=r"different recipe \(method: .hedgehog. -> .t2r.\)"):
