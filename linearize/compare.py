@@ -68,21 +68,25 @@ def shared_teacher(folder):
 
 
 def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, settings=None,
-            teachers_from=None, progress=True, log=print):
+            teachers_from=None, table_only=False, progress=True, log=print):
     """Run every (method, stage-1 variant, setting, seed); write ``compare.json`` and ``compare.md``.
 
     ``settings``: ``{name: recipe overrides}``, one row per method and setting (a lever study:
     ``{"plain": {}, "stage 1 x3": {"stage1": {"epochs": 3}}}``); default one row per method.
     Per seed one teacher is fine-tuned and shared by every row; ``teachers_from``: another
     compare folder whose teachers (``seed<N>/...``) are reused instead. Finished runs are reused,
-    so an interrupted compare continues where it stopped.
+    so an interrupted compare continues where it stopped. ``table_only``: run nothing, build the
+    table from the runs that are finished (the rest are listed in ``missing``).
     """
+    import json
+
+    from .errors import LinearizeError
     from .recipes import merge
 
     out_dir = Path(out_dir)
     methods = methods or DEFAULT_METHODS
     settings = settings or {"": {}}
-    results = {}
+    results, missing = {}, []
     for seed in seeds:
         teacher_run = shared_teacher(Path(teachers_from) / f"seed{seed}") if teachers_from else None
         if teachers_from and teacher_run is None:
@@ -95,12 +99,23 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
                 row = f"{label} ({name})" if name else label
                 folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
                                                     + (f"--{slug(name)}" if name else ""))
+                if table_only:
+                    if not (folder / "report.json").is_file():
+                        missing.append(f"seed {seed}: {row}")
+                        continue
+                    results.setdefault(row, []).append(json.loads((folder / "report.json").read_text()))
+                    continue
                 log(f"== seed {seed}: {row} -> {folder}")
                 report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
                 teacher_run = teacher_run or folder
                 results.setdefault(row, []).append(report)
+    if not results:
+        raise LinearizeError(f"no finished runs in {out_dir} to tabulate; run without --table-only first")
     table = summarize(results)
     table["settings"] = {name: overrides for name, overrides in settings.items() if name}
+    table["missing"] = missing
+    if missing:
+        log(f"not finished (left out of the table): {'; '.join(missing)}")
     atomic_write_json(out_dir / "compare.json", table)
     atomic_write_text(out_dir / "compare.md", render(table))
     return table
@@ -161,4 +176,6 @@ def render(table):
                      f"{cell(row['recovery_mean'], row['recovery_std'], '{:.1f}')} | "
                      f"{cell(row['kl_mean'], None)} | {params} | {cell(row['latency_ms'], None, '{:.1f}')} | "
                      f"{cell(row.get('seconds_mean'), None, '{:.0f}')} | {row['seeds']} |")
+    if table.get("missing"):
+        lines += ["", f"Not finished, left out: {'; '.join(table['missing'])}."]
     return "\n".join(lines) + "\n"

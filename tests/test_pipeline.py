@@ -175,6 +175,11 @@ def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     assert longer["scores"]["teacher"] == teacher
     from linearize.errors import LinearizeError
 
+    partial = compare(recipe, out, methods=["t2r", "elu"], seeds=[0], without_stage1=False, settings=settings,
+                      table_only=True, log=lambda *a, **k: None)
+    assert [row["row"] for row in partial["rows"]] == [row["row"] for row in table["rows"]]  # elu never ran ...
+    assert partial["missing"] == ["seed 0: elu (plain)", "seed 0: elu (stage 1 x2)"]  # ... and is listed
+    assert not list(out.glob("seed0/elu*")) and "Not finished, left out" in (out / "compare.md").read_text()
     other_seed = dict(recipe, seed=1)
     with pytest.raises(LinearizeError, match=r"another recipe \(seed: 0 -> 1\)"):
         run(other_seed, workspace / "wrong-teacher", teacher_from=first / "seed0" / "t2r", progress=False,

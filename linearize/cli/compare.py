@@ -26,6 +26,8 @@ def compare_command(
              "--variant plain --variant 'stage 1 x3: stage1.epochs=3'.")] = None,
     teachers_from: Annotated[Optional[Path], typer.Option(
         help="Reuse the teachers of another compare folder (its seed<N>/ runs) instead of fine-tuning new ones.")] = None,
+    table_only: Annotated[bool, typer.Option(
+        "--table-only", help="Run nothing: tabulate the finished runs in --out (the others are listed).")] = False,
     set_: SetOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="The recipe's quick version (a smoke test).")] = False,
 ):
@@ -42,6 +44,6 @@ def compare_command(
     table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],
                     seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
                     settings=dict(parse_variant(v) for v in variant) if variant else None,
-                    teachers_from=teachers_from, log=console.print)
+                    teachers_from=teachers_from, table_only=table_only, log=console.print)
     console.print(render(table))
     console.print(f"written to {out / 'compare.md'}")
