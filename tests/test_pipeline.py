@@ -209,3 +209,26 @@ def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
     assert recipe_difference(saved, json.loads(json.dumps(current))) is None
     changed = load_recipe(None, overrides={"stage2": {"kd_weight": 0.5}})
     assert recipe_difference(saved, json.loads(json.dumps(changed))) == "stage2.kd_weight: 0.0 -> 0.5"
+
+
+def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
+    """`linearize run --quick`: the README's smoke version, on the real MiniLM and movie reviews; the
+    report's student score is what the saved model scores on the same (quick) test split."""
+    from linearize.finetune import evaluate
+    from linearize.pipeline import load_processor, make_loaders
+
+    out = tmp_path / "quick"
+    result = runner.invoke(app, ["run", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "student keeps" in result.output and "report.md" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["recipe"]["name"] == "minilm-moviereviews" and report["recipe"]["quick_mode"]
+    assert report["model"]["method"] == "luna" and report["model"]["num_attention_layers"] == 6
+    recipe = load_recipe(None, quick=True)
+    data, spec = load_data(recipe)
+    loaders = make_loaders(recipe, data, spec, load_processor(recipe, spec), 32, 0)
+    again = evaluate(linearize.load(out / "model"), loaders["test"], spec)
+    assert again["accuracy"] == pytest.approx(report["scores"]["student"]["test"]["accuracy"])
+    figures = list((out / "figures").glob("*.png"))
+    assert len(figures) >= 3 and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 1000
+                                     for f in figures)
