@@ -163,12 +163,16 @@ def latency(teacher, student, batch, repeats=10):
     return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
 
 
-def latency_batch(recipe, spec, loader):
-    """A batch at the run's sequence length (text: ``max_length`` real tokens) for timing."""
+def latency_batch(recipe, spec, loader, model=None):
+    """A batch at the run's sequence length (text: ``max_length`` real tokens; image: the
+    loader's image size, its sequence length the patch count + 1 from ``model``'s config)."""
     batch = next(iter(loader))
     size = recipe["eval"]["latency_batch_size"]
-    if spec.kind == "image":
-        return {"pixel_values": batch["pixel_values"][:size]}, batch["pixel_values"].shape[-1]
+    if spec.kind == "image":  # the sequence length is the patch count (+ the class token)
+        pixels = batch["pixel_values"][:size]
+        patch = getattr(getattr(model, "config", None), "patch_size", None)
+        tokens = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1 if patch else pixels.shape[-1]
+        return {"pixel_values": pixels}, tokens
     length = recipe["data"]["max_length"]
     ids = batch["input_ids"][:1]
     ids = ids.repeat(size, (length + ids.shape[1] - 1) // ids.shape[1])[:, :length]
@@ -461,7 +465,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         state.finish("stage2", stage2_result)
 
     log("[5/6] measuring latency and attention")
-    batch, seq_len = latency_batch(recipe, spec, eval_loaders[report_split])
+    batch, seq_len = latency_batch(recipe, spec, eval_loaders[report_split], teacher)
     if not state.done("latency"):  # measured once: a resumed run keeps the figure of its own run
         state.finish("latency", latency(teacher, student, batch, recipe["eval"]["latency_repeats"]))
     timing = state.get("latency")

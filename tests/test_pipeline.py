@@ -232,3 +232,17 @@ def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
     figures = list((out / "figures").glob("*.png"))
     assert len(figures) >= 3 and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 1000
                                      for f in figures)
+
+
+def test_image_latency_sequence_length_counts_patches_and_the_class_token():
+    from types import SimpleNamespace
+
+    import torch
+
+    from linearize.pipeline import latency_batch
+
+    recipe = load_recipe("vit-fashionmnist")
+    loader = [{"pixel_values": torch.zeros(4, 1, 28, 28), "labels": torch.zeros(4)}]
+    model = SimpleNamespace(config=SimpleNamespace(patch_size=4))
+    batch, seq_len = latency_batch(recipe, SimpleNamespace(kind="image"), loader, model)
+    assert seq_len == 7 * 7 + 1 and batch["pixel_values"].shape == (1, 1, 28, 28)
