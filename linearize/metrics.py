@@ -115,6 +115,16 @@ def primary_metric(task) -> str:
     return "combined" if "combined" in names else names[0]
 
 
+def is_regression(task) -> bool:
+    """True for a regression task (STS-B), given its ``TaskSpec`` or its GLUE name."""
+    if hasattr(task, "is_regression"):
+        return bool(task.is_regression)
+    from .data.glue import GLUE_TASKS, glue_task_name
+
+    glue = glue_task_name(task)
+    return glue is not None and GLUE_TASKS[glue].is_regression
+
+
 def compute_metrics(task, predictions, references) -> dict[str, float]:
     """``{metric: value}`` for ``task`` (see ``metric_names``); ``combined`` is the mean of the others."""
     names = metric_names(task)

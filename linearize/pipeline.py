@@ -397,7 +397,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         teacher_result = {"seconds": 0.0, "history": [], "finetuned": False}
         if recipe["teacher"]["finetune"]:
             log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
-            cfg = _finetune_config(recipe["teacher"], seed)
+            cfg = _stage_config(FinetuneConfig, recipe["teacher"], seed)
             loaders = make_loaders(recipe, data, spec, processor, cfg.batch_size, seed)
             teacher_result = finetune(teacher, loaders["train"], eval_loaders["validation"], spec,
                                       out_dir / "work" / "teacher", config=cfg, progress=progress, log=log)
@@ -423,12 +423,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         student = copy.deepcopy(teacher)
         convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **options)
         s1 = recipe["stage1"]
-        cfg = DistillConfig(lr=s1["lr"], epochs=s1["epochs"], max_steps=s1["max_steps"],
-                            weight_decay=s1["weight_decay"], warmup_ratio=s1["warmup_ratio"],
-                            scheduler=s1["scheduler"], output_loss_weight=s1["output_loss_weight"],
-                            max_grad_norm=s1["max_grad_norm"], seed=seed,
-                            gradient_accumulation_steps=s1["gradient_accumulation_steps"],
-                            checkpoint_every=s1["checkpoint_every"], mixed_precision=s1["mixed_precision"])
+        cfg = _stage_config(DistillConfig, s1, seed)
         loaders = make_loaders(recipe, data, spec, processor, s1["batch_size"], seed)
         if s1["enabled"]:
             stage1_result = distill(student, loaders["train"], cfg, eval_loader=eval_loaders["validation"],
@@ -451,7 +446,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         stage2_result = state.get("stage2")
     elif recipe["stage2"]["enabled"]:
         log("[4/6] stage 2: fine-tuning the student")
-        cfg = _finetune_config(recipe["stage2"], seed)
+        cfg = _stage_config(FinetuneConfig, recipe["stage2"], seed)
         loaders = make_loaders(recipe, data, spec, processor, cfg.batch_size, seed)
         stage2_result = finetune(student, loaders["train"], eval_loaders["validation"], spec,
                                  out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=progress, log=log)
@@ -483,11 +478,13 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     return report
 
 
-def _finetune_config(section, seed):
-    keys = ("lr", "batch_size", "epochs", "max_steps", "weight_decay", "scheduler", "warmup_ratio", "patience",
-            "max_grad_norm", "gradient_accumulation_steps", "checkpoint_every", "mixed_precision", "kd_weight",
-            "kd_temperature")
-    return FinetuneConfig(seed=seed, **{k: section[k] for k in keys if k in section})
+def _stage_config(config_class, section, seed):
+    """A stage's config (``DistillConfig``/``FinetuneConfig``) from its recipe section: every
+    field the section sets (the section's other keys, e.g. ``enabled``, are the pipeline's)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_class)} - {"seed"}
+    return config_class(seed=seed, **{k: v for k, v in section.items() if k in names})
 
 
 def build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split, timing,

@@ -184,13 +184,20 @@ def test_fast_linear_path_equals_quadratic_reference_in_inference(name, options,
         assert torch.isfinite(out).all()
 
 
+def map_and_cross_length_inputs(name, queries, keys, seed):
+    """``(fm, q, k, v)``: an eval-mode feature map (seeded with ``seed``) and one sequence of
+    ``queries`` queries against ``keys`` keys (seeded with ``seed + 1``)."""
+    torch.manual_seed(seed)
+    fm = create_feature_map(name, D, H).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(1, H, queries, D, generator=g)
+    k, v = (torch.randn(1, H, keys, D, generator=g) for _ in range(2))
+    return fm, q, k, v
+
+
 @pytest.mark.parametrize("name", ["luna", "performer", "flexformer-n", "elu"])
 def test_fast_linear_path_long_sequence_and_cross_lengths(name):
-    torch.manual_seed(3)
-    fm = create_feature_map(name, D, H).eval()
-    g = torch.Generator().manual_seed(4)
-    q = torch.randn(1, H, 300, D, generator=g)
-    k, v = (torch.randn(1, H, 257, D, generator=g) for _ in range(2))
+    fm, q, k, v = map_and_cross_length_inputs(name, 300, 257, seed=3)
     with torch.no_grad():
         out = linear_attention(q, k, v, fm)
         ref = quadratic_attention(q, k, v, fm)
@@ -305,11 +312,7 @@ def test_chunked_path_equals_quadratic_reference(name, options, chunk):
 
 @pytest.mark.parametrize("name", ["luna", "performer", "flexformer-s", "cosformer"])
 def test_chunked_path_cross_lengths_and_low_precision(name):
-    torch.manual_seed(7)
-    fm = create_feature_map(name, D, H).eval()
-    g = torch.Generator().manual_seed(8)
-    q = torch.randn(1, H, 13, D, generator=g)
-    k, v = (torch.randn(1, H, 30, D, generator=g) for _ in range(2))
+    fm, q, k, v = map_and_cross_length_inputs(name, 13, 30, seed=7)
     with torch.inference_mode():
         ref = quadratic_attention(q, k, v, fm)
         chunked = linear_attention(q, k, v, fm, chunk_size=4)

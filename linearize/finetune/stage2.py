@@ -130,7 +130,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     """
     from accelerate.utils import set_seed
 
-    from ..metrics import primary_metric
+    from ..metrics import is_regression, primary_metric
 
     config = config or FinetuneConfig()
     accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
@@ -147,7 +147,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
     if config.kd_weight:
         teacher.to(accelerator.device).eval()
-        regression = _is_regression(task)
+        regression = is_regression(task)
     for p in model.parameters():
         p.requires_grad_(True)
     loader = accelerator.prepare(train_loader)  # this process's share of the batches
@@ -282,16 +282,6 @@ def _save_checkpoint(accelerator, output_dir, meta):
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
-
-
-def _is_regression(task):
-    """True for a regression task (STS-B), given its ``TaskSpec`` or its GLUE name."""
-    if hasattr(task, "is_regression"):
-        return bool(task.is_regression)
-    from ..data.glue import GLUE_TASKS, glue_task_name
-
-    glue = glue_task_name(task)
-    return glue is not None and GLUE_TASKS[glue].is_regression
 
 
 def _atomic_torch_save(obj, path):
