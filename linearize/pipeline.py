@@ -357,6 +357,10 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
     from accelerate.utils import set_seed
 
+    from .recipes import options_for
+
+    # the run keeps (and compares with its folder) the options its own method is converted with
+    recipe = dict(recipe, options=options_for(recipe["method"], recipe["options"]))
     out_dir = Path(out_dir)
     if overwrite and out_dir.exists():
         shutil.rmtree(out_dir)

@@ -138,7 +138,8 @@ def test_recipes_resolve_and_reject_unknown_keys():
 def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     from linearize.compare import compare
 
-    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1}})
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1},
+                                                                   "options": {"t2r": {"feature_dim": 4}}})
     out = workspace / "compare"
     table = compare(recipe, out, methods=["t2r", "elu"], seeds=[0], progress=False, log=lambda *a, **k: None)
     labels = [row["row"] for row in table["rows"]]
@@ -147,6 +148,7 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert not (out / "seed0" / "elu" / "work" / "teacher").exists()  # ... and shared
     reports = [json.loads((out / "seed0" / name / "report.json").read_text()) for name in ("t2r", "t2r-no-stage1", "elu")]
     assert len({json.dumps(r["scores"]["teacher"]) for r in reports}) == 1
+    assert [r["model"]["options"] for r in reports] == [{"feature_dim": 4}, {"feature_dim": 4}, {}]  # t2r's own
     assert not reports[1]["curves"]["stage1"] and reports[0]["curves"]["stage1"]
     markdown = (out / "compare.md").read_text()
     assert "| t2r, no stage 1 |" in markdown and "recovery %" in markdown
@@ -187,6 +189,25 @@ def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     with pytest.raises(LinearizeError, match="unknown recipe key 'stage1.epoch'"):
         compare(recipe, out, methods=["t2r"], seeds=[0], settings={"typo": {"stage1": {"epoch": 2}}},
                 progress=False, log=lambda *a, **k: None)
+
+
+def test_options_keyed_by_method_reach_only_that_method(tmp_path):
+    """One recipe serves every method of a compare: ``options.luna`` is LUNA's, a plain key is
+    everyone's and wins; ``--set`` merges into the recipe's options instead of replacing them."""
+    from linearize.errors import LinearizeError
+    from linearize.recipes import options_for, parse_set
+
+    recipe = load_recipe(None, overrides={"options": {"luna": {"projections": 16, "channels": 4}}})
+    assert options_for("luna", recipe["options"]) == {"projections": 16, "channels": 4}
+    assert options_for("hedgehog", recipe["options"]) == {}
+    (tmp_path / "r.yaml").write_text("model: minilm\ntask: moviereviews\noptions: {luna: {projections: 16, channels: 4}}\n")
+    more = load_recipe(str(tmp_path / "r.yaml"), overrides=parse_set(["options.luna.channels=2"]))
+    assert more["options"] == {"luna": {"projections": 16, "channels": 2}}
+    everyone = dict(recipe["options"], feature_dim=16)
+    assert options_for("hedgehog", everyone) == {"feature_dim": 16}
+    assert options_for("luna", dict(recipe["options"], projections=4))["projections"] == 4
+    with pytest.raises(LinearizeError, match="options.luna.projections=16"):
+        options_for("luna", {"luna": 16})
 
 
 def test_set_values_are_typed_like_yaml_with_exponent_numbers_as_floats():

@@ -27,7 +27,7 @@ DEFAULTS = {
     "head": "sequence-classification",
     "task": None,
     "method": "luna",
-    "options": {},
+    "options": {},  # feature-map options; a key naming a method holds that method's own (see options_for)
     "layers": None,
     "seed": 0,
     "data": {
@@ -71,13 +71,46 @@ def merge(base, update, path=""):
             hint = f"did you mean {path + close[0]!r}? " if close else ""
             raise LinearizeError(f"unknown recipe key {where!r}; {hint}valid keys{' in ' + path[:-1] if path else ''}: "
                                  f"{', '.join(base)}")
-        if isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
+        if key == "options" and isinstance(base[key], dict) and isinstance(value, dict):
+            out[key] = _merge_free(base[key], value)  # checked against the method when it is built
+        elif isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
             if not isinstance(value, dict):
                 raise LinearizeError(f"recipe key {where!r} must be a mapping")
             out[key] = merge(base[key], value, f"{where}.")
         else:
             out[key] = _number_or_value(copy.deepcopy(value))
     return out
+
+
+def _merge_free(base, update):
+    """``base`` updated by ``update``, nested dicts merged, no key checks (feature-map options)."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(out.get(key), dict) and isinstance(value, dict):
+            out[key] = _merge_free(out[key], value)
+        else:
+            out[key] = _number_or_value(copy.deepcopy(value))
+    return out
+
+
+def options_for(method, options):
+    """The feature-map options a run converts ``method`` with.
+
+    A key of the recipe's ``options`` that names a method holds that method's own options, so one
+    recipe serves every method of a ``linearize compare`` (``options: {luna: {projections: 16}}``
+    gives LUNA M = 16 and Hedgehog its defaults); the other keys apply to whichever method is
+    converted and win over the method's block (``--set options.projections=32``).
+    """
+    from ..attention import methods
+
+    named = set(methods())
+    own = (options or {}).get(method) or {}
+    if not isinstance(own, dict):
+        raise LinearizeError(f"recipe key 'options.{method}' must be a mapping of {method}'s options, "
+                             f"e.g. options.{method}.projections=16")
+    chosen = dict(own)
+    chosen.update({k: v for k, v in (options or {}).items() if k not in named})
+    return chosen
 
 
 def parse_set(pairs):
