@@ -73,8 +73,9 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
 
     ``settings``: ``{name: recipe overrides}``, one row per method and setting (a lever study:
     ``{"plain": {}, "stage 1 x3": {"stage1": {"epochs": 3}}}``); default one row per method.
-    Per seed one teacher is fine-tuned and shared by every row; ``teachers_from``: another
-    compare folder whose teachers (``seed<N>/...``) are reused instead. Finished runs are reused,
+    Per seed one teacher is fine-tuned and shared by every row (a compare continued with other
+    methods reuses the teacher already in ``out_dir``); ``teachers_from``: another compare folder
+    whose teachers (``seed<N>/...``) are reused instead. Finished runs are reused,
     so an interrupted compare continues where it stopped. ``table_only``: run nothing, build the
     table from the runs that are finished (the rest are listed in ``missing``).
     """
@@ -88,7 +89,7 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     settings = settings or {"": {}}
     results, missing = {}, []
     for seed in seeds:
-        teacher_run = shared_teacher(Path(teachers_from) / f"seed{seed}") if teachers_from else None
+        teacher_run = shared_teacher(Path(teachers_from or out_dir) / f"seed{seed}")
         if teachers_from and teacher_run is None:
             log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
         for label, method, stage1 in variants(methods, without_stage1):

@@ -152,6 +152,9 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert not reports[1]["curves"]["stage1"] and reports[0]["curves"]["stage1"]
     markdown = (out / "compare.md").read_text()
     assert "| t2r, no stage 1 |" in markdown and "recovery %" in markdown
+    more = compare(recipe, out, methods=["relu"], seeds=[0], progress=False, log=lambda *a, **k: None)
+    assert not (out / "seed0" / "relu" / "work" / "teacher").exists()  # continued: the seed's teacher is reused
+    assert more["rows"][1]["row"] == "relu"
 
 
 def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
