@@ -387,8 +387,8 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         keys = ("model", "head", "task", "data", "teacher", "seed")
         difference = recipe_difference({k: theirs.get(k) for k in keys}, {k: ours.get(k) for k in keys})
         if difference is not None:
-            raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); drop "
-                                 "--teacher-from or match it")
+            raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); match it, "
+                                 "or drop --teacher-from (--teachers-from), or compare into another --out")
         _link_or_copy(Path(teacher_from) / "teacher", teacher_dir)
         state.finish("teacher", shared.get("teacher"))
     reused_stages = {stage for stage in ("teacher", "stage1", "stage2") if state.done(stage)}

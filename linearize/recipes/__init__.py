@@ -107,7 +107,7 @@ def options_for(method, options):
     own = (options or {}).get(method) or {}
     if not isinstance(own, dict):
         raise LinearizeError(f"recipe key 'options.{method}' must be a mapping of {method}'s options, "
-                             f"e.g. options.{method}.projections=16")
+                             "e.g. options.luna.projections=16")
     chosen = dict(own)
     chosen.update({k: v for k, v in (options or {}).items() if k not in named})
     return chosen
