@@ -417,7 +417,6 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
     # convert + stage 1
     stage1_dir = out_dir / "stage1"
-    options = dict(recipe["options"] or {})
     if state.done("stage1"):
         log("[3/6] stage 1: reusing the distilled student")
         student = _load_saved(stage1_dir, converted=True)
@@ -425,7 +424,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     else:
         log(f"[3/6] convert to {recipe['method']}; stage 1: attention distillation")
         student = copy.deepcopy(teacher)
-        convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **options)
+        convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **recipe["options"])
         s1 = recipe["stage1"]
         cfg = _stage_config(DistillConfig, s1, seed)
         loaders = make_loaders(recipe, data, spec, processor, s1["batch_size"], seed)
