@@ -433,6 +433,41 @@ def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
     assert "--no-resume" in help_text
 
 
+def test_fp16_on_cpu_is_refused_with_a_hint():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: fp16 is real there")
+    with pytest.raises(LinearizeError, match="use bf16 or no"):
+        stage1_module.make_accelerator("fp16")
+
+
+def test_losses_go_through_accelerate_and_skipped_steps_hold_the_schedule(tmp_path, monkeypatch):
+    """fp16 on a GPU: accelerate's backward scales the loss and its scaler may skip a step with
+    inf gradients; stage 1's per-layer losses must take accelerate's backward, and neither stage
+    may advance its learning-rate schedule on a skipped step (faked here: steps 2 and 3)."""
+    import itertools
+
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    quiet = {"progress": False, "log": lambda *a, **k: None}
+    for stage in ("distill", "finetune"):
+        accelerator = stage1_module.make_accelerator()
+        calls, original = [], accelerator.backward
+        monkeypatch.setattr(accelerator, "backward", lambda loss, **kw: (calls.append(loss), original(loss, **kw)))
+        skipped = itertools.chain([False, True, True], itertools.repeat(False))
+        monkeypatch.setattr(AcceleratedOptimizer, "step_was_skipped", property(lambda self: next(skipped)))
+        if stage == "distill":
+            student = _student()
+            distill(student, _loader(), DistillConfig(epochs=1, scheduler="linear"), accelerator=accelerator,
+                    checkpoint_dir=tmp_path / stage, **quiet)
+            assert len(calls) == 6 * len(feature_maps_of(student))  # every layer's loss at each of 6 steps
+        else:
+            finetune(_student(), _loader(), _loader(), "sst2", tmp_path / stage, accelerator=accelerator,
+                     config=FinetuneConfig(epochs=1, scheduler="linear", warmup_ratio=0.0), **quiet)
+            assert len(calls) == 6
+        lrs = [entry["lr"] for entry in _jsonl(tmp_path / stage / "metrics.jsonl") if "lr" in entry]
+        assert lrs[0] == lrs[1] == lrs[2] > lrs[3] > lrs[4], (stage, lrs)
+
+
 def test_logit_distillation_matches_its_definition():
     from linearize.distill.losses import logit_distillation
 

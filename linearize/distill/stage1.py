@@ -60,10 +60,12 @@ class DistillConfig:
 class DistillRecorder:
     """The ``attend_hook`` of every converted layer during stage 1 (and KL measurement)."""
 
-    def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0):
+    def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0, backward=None):
         self.train = train
         self.loss_scale = loss_scale
         self.output_loss_weight = output_loss_weight
+        # accelerate's backward in training: it scales the loss when fp16 keeps a gradient scaler
+        self.backward = backward or torch.Tensor.backward
         self.reset()
 
     def reset(self):
@@ -82,7 +84,7 @@ class DistillRecorder:
                 mse = output_mse(student @ v.detach().float(), out, query_mask)
                 loss = loss + self.output_loss_weight * mse
             if self.train and loss.requires_grad:
-                (loss * self.loss_scale).backward()
+                self.backward(loss * self.loss_scale)
         with torch.no_grad():
             h_teacher = attention_entropy(teacher, query_mask)
             h_student = attention_entropy(student.detach().clamp_min(0), query_mask)
@@ -211,7 +213,8 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
         log(f"stage 1 resumed at step {step}/{total} from {state_path}")
     _truncate_jsonl(metrics_path, step)  # lines of steps a killed run logged after its last checkpoint
 
-    recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight)
+    recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
+                               backward=accelerator.backward)
     model.eval()  # dropout off: the teacher rows must be exact
     start = time.perf_counter() - elapsed
     speed = _Throughput(accelerator.num_processes)
@@ -241,9 +244,10 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
                         if p.grad is not None:
                             p.grad = accelerator.reduce(p.grad, reduction="mean")
                 if config.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                    accelerator.clip_grad_norm_(params, config.max_grad_norm)  # unscales fp16 gradients first
                 optimizer.step()
-                scheduler.step()
+                if not optimizer.step_was_skipped:  # fp16: the scaler skipped a step with inf/NaN gradients
+                    scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 recorder.reset()
                 step += 1
@@ -362,6 +366,9 @@ def make_accelerator(mixed_precision="no", seed=0):
     from accelerate.utils import DataLoaderConfiguration
 
     has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if mixed_precision == "fp16" and not has_device:
+        raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
+                             "use bf16 or no")
     cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_device
     return Accelerator(mixed_precision=mixed_precision, cpu=cpu_processes,
                        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))

@@ -209,7 +209,8 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
             if config.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
-            scheduler.step()
+            if not optimizer.step_was_skipped:  # fp16: the scaler skipped a step with inf/NaN gradients
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             meta["step"] += 1
             meta["epoch_step"] += 1
