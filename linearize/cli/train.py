@@ -18,7 +18,7 @@ ResumeOpt = Annotated[bool, typer.Option(
     "--resume/--no-resume", help="Checkpoints are kept in <out>.work while training: --resume (default) continues an "
                                  "interrupted run from its last checkpoint, with the same result as an uninterrupted "
                                  "run; --no-resume deletes them and starts afresh.")]
-MixedPrecisionOpt = Annotated[str, typer.Option(help="no | fp16 | bf16 (accelerate mixed precision).")]
+MixedPrecisionOpt = Annotated[str, typer.Option(help="no | fp16 (GPU only) | bf16 (accelerate mixed precision).")]
 
 
 @app.command("distill")
@@ -101,7 +101,7 @@ def finetune_command(
         help="Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only; "
              "default 200).")] = None,
     mixed_precision: Annotated[Optional[str], typer.Option(
-        help="no | fp16 | bf16 (accelerate mixed precision; default no).")] = None,
+        help="no | fp16 (GPU only) | bf16 (accelerate mixed precision; default no).")] = None,
     resume: ResumeOpt = True,
     teacher: Annotated[Optional[str], typer.Option(
         help="The softmax teacher (folder or checkpoint with the task's head) for --kd-weight.")] = None,

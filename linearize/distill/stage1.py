@@ -49,7 +49,7 @@ class DistillConfig:
     seed: int = field(default=0, metadata={"help": "Random seed."})
     checkpoint_every: int = field(default=100, metadata={
         "help": "Save a resumable checkpoint every N optimizer steps (and always at the end; 0 = only at the end)."})
-    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 (GPU only) | bf16 (accelerate)."})
     gradient_accumulation_steps: int = field(default=1, metadata={
         "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
 

@@ -50,7 +50,7 @@ class FinetuneConfig:
     patience: int = field(default=3, metadata={"help": "Early stopping: epochs without dev improvement (0 = off)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
-    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16 (accelerate)."})
+    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 (GPU only) | bf16 (accelerate)."})
     kd_weight: float = field(default=0.0, metadata={
         "help": "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off)."})
     kd_temperature: float = field(default=2.0, metadata={"help": "Temperature of that distillation term."})
