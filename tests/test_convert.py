@@ -164,16 +164,20 @@ REMOTE_CHECK = textwrap.dedent("""
 def test_trust_remote_code_loads_without_linearize_installed(tmp_path):
     """A fresh Python process, linearize blocked from import, plain transformers: same outputs."""
     jobs = []
-    for arch, method in zip(ARCHS, ["luna", "hedgehog", "performer", "darkformer", "flexformer-n", "t2r",
-                                    "cosformer", "flexformer-s", "elu"]):
+    cases = [(arch, method, {}) for arch, method in zip(ARCHS, ["luna", "hedgehog", "performer", "darkformer",
+                                                                "flexformer-n", "t2r", "cosformer", "flexformer-s",
+                                                                "elu"])]
+    cases.append((ARCHS[0], "luna", {"shared_projections": False}))
+    for arch, method, options in cases:
         model = build(arch)
-        linearize.convert(model, method)
+        linearize.convert(model, method, **options)
         batch = inputs(arch)
-        directory = tmp_path / arch
+        name = f"{arch}-{method}-{len(options)}"
+        directory = tmp_path / name
         model.save_pretrained(directory)
-        torch.save((batch, first_output(model, batch)), tmp_path / f"{arch}.pt")
+        torch.save((batch, first_output(model, batch)), tmp_path / f"{name}.pt")
         auto = "AutoModelForImageClassification" if arch in VISION else "AutoModelForSequenceClassification"
-        jobs.append([str(directory), auto, str(tmp_path / f"{arch}.pt")])
+        jobs.append([str(directory), auto, str(tmp_path / f"{name}.pt")])
     done = subprocess.run([sys.executable, "-c", REMOTE_CHECK, json.dumps(jobs)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -14,6 +14,7 @@ from linearize.attention import (FeatureMap, create_feature_map, kernel_statisti
 METHOD_CASES = [
     ("luna", {}),
     ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True}),
+    ("luna", {"shared_projections": False}),
     ("hedgehog", {}),
     ("t2r", {}),
     ("performer", {}),
@@ -213,6 +214,24 @@ def test_luna_matches_listing_1_reference():
         features, log_scale = fm(x)
         assert log_scale is None
         torch.testing.assert_close(features, y.reshape(B, H, N, 12))
+
+
+def test_luna_per_head_projections_give_each_head_its_own_map():
+    """``shared_projections=False``: head h's features are those of a shared-projection map whose
+    W, b are W_h, b_h (same ψ)."""
+    fm = make("luna", {"shared_projections": False, "projections": 4, "channels": 3, "hidden": 5})
+    assert fm.proj_weight.shape == (H, 4, D) and fm.proj_bias.shape == (H, 4)
+    shared = make("luna", {"projections": 4, "channels": 3, "hidden": 5})
+    shared.load_state_dict({k: v for k, v in fm.state_dict().items() if not k.startswith("proj_")}, strict=False)
+    x = torch.randn(B, H, N, D)
+    features = fm(x)[0]
+    for h in range(H):
+        with torch.no_grad():
+            shared.proj_weight.copy_(fm.proj_weight[h]); shared.proj_bias.copy_(fm.proj_bias[h])
+        torch.testing.assert_close(features[:, h], shared(x)[0][:, h])
+    assert fm.num_learnable_parameters() == shared.num_learnable_parameters() + (H - 1) * (4 * D + 4)
+    with pytest.raises(ValueError, match="heads"):
+        fm(torch.randn(B, H + 1, N, D))
 
 
 def test_cosformer_kernel_is_relu_times_cosine_of_position_gap():

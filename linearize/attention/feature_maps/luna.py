@@ -12,6 +12,8 @@
 - ``envelope=True``: the envelope-gated variant of §5.4 / Table 5,
   ``φ(x) = envelope(x) ⊙ ψ(x)`` with a tokenwise gate ``envelope(x) = sigmoid(Ax + c) ∈ [0,1]^L``
   (the paper's default, and ours, is the un-gated ``h ≡ 1``, which wins in Table 5).
+- ``shared_projections=False`` (linearize's option, not the paper's): one ``W_h, b_h`` per head
+  instead of one per layer; the same features and cost, H times the projection parameters.
 - ``ch_rms=True``: Listing 1's channel RMS scaling, ``ψ_ℓ ← ψ_ℓ · min(1, target / rms_ℓ)``.
   Listing 1 takes the RMS over the whole batch; here it is taken per sequence over real tokens
   only, so a sample's output depends neither on the other samples of the batch nor on padding.
@@ -86,9 +88,10 @@ class LunaFeatureMap(FeatureMap):
     paper = "LUNA §3.2 eq. 11, Listing 1"
 
     def __init__(self, head_dim, num_heads=1, *, projections=8, channels=8, hidden=64, shared_mlp=True,
-                 envelope=False, ch_rms=False, ch_rms_target=0.1):
+                 envelope=False, ch_rms=False, ch_rms_target=0.1, shared_projections=True):
         super().__init__(head_dim, num_heads, projections=projections, channels=channels, hidden=hidden,
-                         shared_mlp=shared_mlp, envelope=envelope, ch_rms=ch_rms, ch_rms_target=ch_rms_target)
+                         shared_mlp=shared_mlp, envelope=envelope, ch_rms=ch_rms, ch_rms_target=ch_rms_target,
+                         shared_projections=shared_projections)
         m, channels, hidden = int(projections), int(channels), int(hidden)
         if min(m, channels, hidden) < 1:
             raise ValueError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
@@ -98,8 +101,10 @@ class LunaFeatureMap(FeatureMap):
         self.chunkable = not self.ch_rms  # the channel RMS is taken over the whole sequence
         self.feature_dim = m * channels
         d = self.head_dim
-        self.proj_weight = nn.Parameter(torch.randn(m, d) / math.sqrt(d))
-        self.proj_bias = nn.Parameter(torch.zeros(m))
+        self.shared_projections = bool(shared_projections)
+        heads = () if self.shared_projections else (self.num_heads,)
+        self.proj_weight = nn.Parameter(torch.randn(*heads, m, d) / math.sqrt(d))
+        self.proj_bias = nn.Parameter(torch.zeros(*heads, m))
         # ψ as C MLPs with O outputs each: C=1, O=L (shared) or C=L, O=1 (one MLP per channel).
         c, o = (1, channels) if self.shared_mlp else (channels, 1)
         # nn.Linear's default init: U(±1/√fan_in); fan_in is 1 for the first layer.
@@ -113,8 +118,15 @@ class LunaFeatureMap(FeatureMap):
             self.envelope_bias = nn.Parameter(torch.zeros(channels))
 
     def project(self, x):
-        """u = Wx + b: ``[B,H,N,d] -> [B,H,N,M]`` (shared across heads, Listing 1)."""
-        return F.linear(x, self.cast(self.proj_weight, x), self.cast(self.proj_bias, x))
+        """u = Wx + b: ``[B,H,N,d] -> [B,H,N,M]``; ``W`` shared across the heads (Listing 1) or,
+        with ``shared_projections=False``, one ``W_h ∈ R^{M×d}`` per head (same cost)."""
+        weight, bias = self.cast(self.proj_weight, x), self.cast(self.proj_bias, x)
+        if self.shared_projections:
+            return F.linear(x, weight, bias)
+        if x.shape[1] != weight.shape[0]:
+            raise ValueError(f"luna: {x.shape[1]} heads given, the per-head projections were made for "
+                             f"{weight.shape[0]}")
+        return torch.matmul(x, weight.transpose(1, 2)) + bias.unsqueeze(1)  # [B,H,N,d] @ [H,d,M]
 
     def psi(self, u):
         """The channel functions ψ_ℓ(u): ``[...] -> [..., L]`` (ReLU MLP, non-negative output).
