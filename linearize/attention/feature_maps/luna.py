@@ -126,7 +126,7 @@ class LunaFeatureMap(FeatureMap):
         if x.shape[1] != weight.shape[0]:
             raise ValueError(f"luna: {x.shape[1]} heads given, the per-head projections were made for "
                              f"{weight.shape[0]}")
-        return torch.matmul(x, weight.transpose(1, 2)) + bias.unsqueeze(1)  # [B,H,N,d] @ [H,d,M]
+        return torch.einsum("bhnd,hmd->bhnm", x, weight) + bias.unsqueeze(1)  # faster than a broadcast matmul
 
     def psi(self, u):
         """The channel functions ψ_ℓ(u): ``[...] -> [..., L]`` (ReLU MLP, non-negative output).
