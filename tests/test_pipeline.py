@@ -201,7 +201,8 @@ def test_options_keyed_by_method_reach_only_that_method(tmp_path):
     from linearize.recipes import options_for, parse_set
 
     recipe = load_recipe(None, overrides={"options": {"luna": {"projections": 16, "channels": 4}}})
-    assert options_for("luna", recipe["options"]) == {"projections": 16, "channels": 4}
+    # merged into the default recipe's own LUNA block (per-head projections)
+    assert options_for("luna", recipe["options"]) == {"shared_projections": False, "projections": 16, "channels": 4}
     assert options_for("hedgehog", recipe["options"]) == {}
     (tmp_path / "r.yaml").write_text("model: minilm\ntask: moviereviews\noptions: {luna: {projections: 16, channels: 4}}\n")
     more = load_recipe(str(tmp_path / "r.yaml"), overrides=parse_set(["options.luna.channels=2"]))
