@@ -287,13 +287,22 @@ class RunState:
 def recipe_difference(saved, current, defaults=None, path=""):
     """The first setting in which two resolved recipes differ, as ``"key: saved -> current"``, or
     None. A key missing from ``saved`` (a run folder written before the key existed) counts as
-    its default (:data:`linearize.recipes.DEFAULTS`)."""
+    its default (:data:`linearize.recipes.DEFAULTS`); so does a feature-map option missing from
+    the run's ``options`` (the method's own default: ``{}`` and ``{"shared_projections": True}``
+    are the same LUNA)."""
     from .recipes import DEFAULTS
 
     defaults = DEFAULTS if defaults is None else defaults
     for key in sorted(set(saved) | set(current), key=str):
         default = defaults.get(key) if isinstance(defaults, dict) else None
         old, new = saved.get(key, default), current.get(key, default)
+        if key == "options" and not path and isinstance(old, dict) and isinstance(new, dict):
+            method_defaults = _option_defaults(current.get("method"))
+            old, new = {**method_defaults, **old}, {**method_defaults, **new}
+            for option in sorted(set(old) | set(new), key=str):
+                if old.get(option) != new.get(option):
+                    return f"options.{option}: {old.get(option)!r} -> {new.get(option)!r}"
+            continue
         if isinstance(old, dict) and isinstance(new, dict) and key not in ("options", "quick"):
             found = recipe_difference(old, new, default if isinstance(default, dict) else {}, f"{path}{key}.")
             if found is not None:
@@ -301,6 +310,16 @@ def recipe_difference(saved, current, defaults=None, path=""):
         elif old != new:
             return f"{path}{key}: {old!r} -> {new!r}"
     return None
+
+
+def _option_defaults(method):
+    """``{option: default}`` of ``method`` as a recipe records them, or ``{}`` (no such method)."""
+    from .attention import method_options
+
+    try:
+        return _comparable(method_options(method))
+    except (ValueError, TypeError):
+        return {}
 
 
 def _comparable(recipe):

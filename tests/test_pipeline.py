@@ -234,6 +234,12 @@ def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
     assert recipe_difference(saved, json.loads(json.dumps(current))) is None
     changed = load_recipe(None, overrides={"stage2": {"kd_weight": 0.5}})
     assert recipe_difference(saved, json.loads(json.dumps(changed))) == "stage2.kd_weight: 0.0 -> 0.5"
+    # a run records its method's options: one at the method's default is the same as one left out
+    saved.update(method="luna", options={})
+    shared = dict(current, method="luna", options={"shared_projections": True})
+    assert recipe_difference(saved, json.loads(json.dumps(shared))) is None
+    per_head = dict(shared, options={"shared_projections": False})
+    assert recipe_difference(saved, json.loads(json.dumps(per_head))) == "options.shared_projections: True -> False"
 
 
 def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
