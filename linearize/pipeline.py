@@ -303,7 +303,7 @@ def recipe_difference(saved, current, defaults=None, path=""):
                 if old.get(option) != new.get(option):
                     return f"options.{option}: {old.get(option)!r} -> {new.get(option)!r}"
             continue
-        if isinstance(old, dict) and isinstance(new, dict) and key not in ("options", "quick"):
+        if isinstance(old, dict) and isinstance(new, dict) and key != "quick":
             found = recipe_difference(old, new, default if isinstance(default, dict) else {}, f"{path}{key}.")
             if found is not None:
                 return found
