@@ -253,18 +253,65 @@ def eager_softmax_attention(q, k, v, scale=None):
     return torch.matmul(weights, v)
 
 
+def parse_method_list(text):
+    """``"luna,luna(projections=16,shared_projections=false)"`` -> ``["luna", ("luna", {...})]``.
+
+    Commas inside parentheses belong to the options; values are read as YAML scalars.
+    """
+    import yaml
+
+    from .errors import LinearizeError
+
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise LinearizeError(f"unbalanced parentheses in {text!r} (example: luna,luna(projections=16))")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth:
+        raise LinearizeError(f"unbalanced parentheses in {text!r} (example: luna,luna(projections=16))")
+    parts.append(current)
+    specs = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        if "(" not in part:
+            specs.append(part)
+            continue
+        name, _, inner = part.partition("(")
+        if not inner.endswith(")"):
+            raise LinearizeError(f"{part!r}: nothing may follow the options' ')' (example: luna(projections=16))")
+        options = {}
+        for pair in filter(None, (item.strip() for item in inner[:-1].split(","))):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise LinearizeError(f"{part!r}: option {pair!r} is not key=value (example: luna(projections=16))")
+            options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        specs.append((name.strip(), options))
+    return specs
+
+
 def _method_specs(methods):
     """``[(label, method, options)]`` from names, ``(name, options)`` pairs or a ``{label: ...}`` dict."""
+    from .attention.feature_maps import method_options
     from .attention.feature_maps import methods as registered
 
     if methods is None:
         methods = [name for name in registered() if name != "softmax"]
     if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
+        methods = parse_method_list(methods)
     items = methods.items() if isinstance(methods, dict) else [(None, m) for m in methods]
     specs = []
     for label, spec in items:
         name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+        unknown = sorted(set(options) - set(method_options(name)))  # method_options rejects unknown methods
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)} for method {name!r}; "
+                             f"valid options: {', '.join(method_options(name)) or '(none)'}")
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
         if label in (SDPA, EAGER) or label in [s[0] for s in specs]:
             raise ValueError(f"duplicate or reserved benchmark label {label!r}")

@@ -46,3 +46,23 @@ def test_eager_is_skipped_beyond_its_memory_budget(tmp_path):
     assert "eager" in result["attention"][0]["results"]
     assert "eager" not in result["attention"][1]["results"] and "eager" in result["attention"][1]["skipped"]
     assert "| skipped |" in (tmp_path / "bench.md").read_text() or "skipped" in (tmp_path / "bench.md").read_text()
+
+
+def test_method_list_takes_options_in_parentheses():
+    import pytest
+
+    from linearize.bench import _method_specs, parse_method_list
+    from linearize.errors import LinearizeError
+
+    assert parse_method_list("luna, luna(projections=16,shared_projections=false),elu") == [
+        "luna", ("luna", {"projections": 16, "shared_projections": False}), "elu"]
+    specs = _method_specs("luna,luna(projections=16)")
+    assert specs == [("luna", "luna", {}), ("luna(projections=16)", "luna", {"projections": 16})]
+    for bad, message in [("luna(projections=16", "unbalanced"), ("luna(projections)", "is not key=value"),
+                         ("luna(projections=16)x", "nothing may follow")]:
+        with pytest.raises(LinearizeError, match=message):
+            parse_method_list(bad)
+    with pytest.raises(ValueError, match="unknown option.*bogus.*valid options: .*projections"):
+        _method_specs("luna(bogus=1)")
+    with pytest.raises(ValueError, match="unknown method 'lunar'"):
+        _method_specs("lunar")

@@ -19,7 +19,9 @@ def _ints(text):
 def bench_command(
     out: Annotated[Path, typer.Option("--out", "-O", help="Folder for bench.json, bench.md and bench.png.")] = Path(
         "runs/bench"),
-    methods: Annotated[Optional[str], typer.Option(help="Comma-separated methods (default: all but softmax).")] = None,
+    methods: Annotated[Optional[str], typer.Option(
+        help="Comma-separated methods, each with options if wanted: "
+             "'luna,luna(projections=16,shared_projections=false)' (default: all but softmax).")] = None,
     seq_lens: Annotated[str, typer.Option(help="Attention-layer sequence lengths.")] =
         "128,256,512,1024,2048,4096,8192,16384",
     model: Annotated[Optional[str], typer.Option(
@@ -35,11 +37,11 @@ def bench_command(
 ):
     """Attention-layer and whole-model latency and peak memory: SDPA and eager softmax vs each method.
 
-    Example: linearize bench --methods luna,hedgehog --seq-lens 512,4096 --model minilm
+    Example: linearize bench --methods 'luna,luna(projections=16),hedgehog' --seq-lens 512,4096 --model minilm
     """
     from ..bench import run_bench
 
-    result = run_bench(out, methods=[m.strip() for m in methods.split(",")] if methods else None,
+    result = run_bench(out, methods=methods or None,
                        seq_lens=_ints(seq_lens), batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
                        threads=threads, repeats=repeats, warmup=warmup,
                        model=None if (model or "none").lower() == "none" else model,
