@@ -65,6 +65,9 @@ def test_run_writes_report_model_and_resumes(workspace):
     for name in ("report.json", "report.md", "state.json", "model/report.json", "model/model.safetensors",
                  "teacher/model.safetensors", "stage1/model.safetensors"):
         assert (out / name).is_file(), name
+    # finished stages keep their training curves, not their resume checkpoints
+    assert sorted(f.relative_to(out / "work").as_posix() for f in (out / "work").rglob("*") if f.is_file()) == [
+        "stage1/metrics.jsonl", "stage2/metrics.jsonl", "teacher/metrics.jsonl"]
     # the saved student scores what the report says
     model = linearize.load(out / "model")
     data, spec = load_data(recipe)
