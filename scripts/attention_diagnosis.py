@@ -1,0 +1,52 @@
+"""Per layer, on one batch of the default recipe's dev sentences: how much of a softmax teacher's
+attention mass falls on student weights at or below the stage-1 cross-entropy's log clamp (where
+the loss has no gradient), the fraction of negative student weights and of negative kernel values
+(Flexformer's trigonometric features), and the mean/max of the scaled query's ‖q/d^¼‖²/2 (the log
+of the exponential maps' envelope). BERT-family teachers (``model.bert.encoder.layer``).
+
+usage: .venv/bin/python scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]
+  STUDENT_DIR: a saved converted model (e.g. a run's stage1/); without it, METHOD's map at init.
+"""
+import sys
+
+import torch
+import transformers as T
+
+import linearize
+from linearize.attention.core import linear_attention_weights, softmax_attention_weights, kernel_statistics
+from linearize.attention.feature_maps import create_feature_map
+from linearize.convert.api import feature_maps_of
+from linearize.distill.losses import LOG_FLOOR
+from linearize.pipeline import load_data, load_processor, make_loaders
+from linearize.recipes import load_recipe
+
+if len(sys.argv) not in (3, 4):
+    sys.exit("usage: scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]")
+teacher_dir, method = sys.argv[1], sys.argv[2]
+student_dir = sys.argv[3] if len(sys.argv) > 3 else None
+torch.manual_seed(0)
+recipe = load_recipe(None)
+data, spec = load_data(recipe)
+loader = make_loaders(recipe, data, spec, load_processor(recipe, spec), 32, 0)["validation"]
+batch = next(iter(loader))
+teacher = T.AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+maps = feature_maps_of(linearize.load(student_dir)) if student_dir else None
+mask = batch["attention_mask"]
+with torch.no_grad():
+    hidden = teacher(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=True).hidden_states
+    for l, layer in enumerate(teacher.bert.encoder.layer):
+        att = layer.attention.self
+        B, N, _ = hidden[l].shape
+        H = teacher.config.num_attention_heads; d = teacher.config.hidden_size // H
+        q = att.query(hidden[l]).view(B, N, H, d).transpose(1, 2)
+        k = att.key(hidden[l]).view(B, N, H, d).transpose(1, 2)
+        fm = maps[l] if maps else create_feature_map(method, d, H).eval()
+        A = softmax_attention_weights(q, k, mask)
+        Ah = linear_attention_weights(q, k, fm, mask)
+        rows = mask.float()[:, None, :, None]
+        floor_mass = ((A * (Ah <= LOG_FLOOR)).sum(-1, keepdim=True) * rows).sum() / (rows.sum() * H)
+        neg = ((Ah < 0).float() * mask[:, None, None, :] * rows).sum() / ((mask[:, None, None, :] * rows).sum() * H)
+        stats = kernel_statistics(q, k, fm, mask)
+        qn = (q * d ** -0.25).pow(2).sum(-1).mul(0.5)
+        print(f"layer {l}: teacher mass on weights <= clamp {float(floor_mass):.3f}; negative weights {float(neg):.3f}; "
+              f"negative kernel values {stats['negative_kernel_fraction']:.3f}; |q~|^2/2 mean {float(qn.mean()):.1f} max {float(qn.max()):.1f}")
