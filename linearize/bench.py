@@ -258,9 +258,8 @@ def parse_method_list(text):
 
     Commas inside parentheses belong to the options; values are read as YAML scalars.
     """
-    import yaml
-
     from .errors import LinearizeError
+    from .recipes import parse_options
 
     parts, depth, current = [], 0, ""
     for char in text:
@@ -285,19 +284,14 @@ def parse_method_list(text):
         name, _, inner = part.partition("(")
         if not inner.endswith(")"):
             raise LinearizeError(f"{part!r}: nothing may follow the options' ')' (example: luna(projections=16))")
-        options = {}
-        for pair in filter(None, (item.strip() for item in inner[:-1].split(","))):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise LinearizeError(f"{part!r}: option {pair!r} is not key=value (example: luna(projections=16))")
-            options[key.strip()] = yaml.safe_load(value) if value.strip() else None
-        specs.append((name.strip(), options))
+        pairs = [item.strip() for item in inner[:-1].split(",") if item.strip()]
+        specs.append((name.strip(), parse_options(pairs, example="luna(projections=16)")))
     return specs
 
 
 def _method_specs(methods):
     """``[(label, method, options)]`` from names, ``(name, options)`` pairs or a ``{label: ...}`` dict."""
-    from .attention.feature_maps import method_options
+    from .attention.feature_maps import check_method_options
     from .attention.feature_maps import methods as registered
 
     if methods is None:
@@ -308,10 +302,7 @@ def _method_specs(methods):
     specs = []
     for label, spec in items:
         name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-        unknown = sorted(set(options) - set(method_options(name)))  # method_options rejects unknown methods
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)} for method {name!r}; "
-                             f"valid options: {', '.join(method_options(name)) or '(none)'}")
+        check_method_options(name, options)  # before any timing: a typo fails at once
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
         if label in (SDPA, EAGER) or label in [s[0] for s in specs]:
             raise ValueError(f"duplicate or reserved benchmark label {label!r}")

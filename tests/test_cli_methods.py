@@ -40,4 +40,4 @@ def test_bench_command_writes_its_files(tmp_path):
     assert data["config"]["methods"] == {"luna(projections=4)": {"method": "luna", "options": {"projections": 4}}}
     result = runner.invoke(app, ["bench", "--out", str(tmp_path / "bad"), "--methods", "luna(bogus=1)",
                                  "--model", "none"])
-    assert result.exit_code == 1 and "unknown option(s) bogus for method 'luna'" in result.output
+    assert result.exit_code == 1 and "unknown option(s) 'bogus' for method 'luna'" in result.output

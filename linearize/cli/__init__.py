@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from ..errors import LinearizeError
+from ..recipes import parse_options  # noqa: F401 (the commands' --option)
 
 app = typer.Typer(
     name="linearize",
@@ -78,19 +79,6 @@ def parse_layers(text):
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
-
-
-def parse_options(pairs):
-    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True)."""
-    import yaml
-
-    options = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise LinearizeError(f"option {pair!r} is not key=value (example: --option projections=16)")
-        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
-    return options
 
 
 def data_options(data_dir=None, train_file=None, validation_file=None, test_file=None, text_column="text",

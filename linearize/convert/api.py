@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..attention.feature_maps import get_feature_map_class, method_options
+from ..attention.feature_maps import check_method_options, get_feature_map_class
 from ..errors import LinearizeError
 from ..io import atomic_write_json
 from . import hf, remote_code, timm_vit
@@ -25,16 +25,6 @@ def _version():
     from .. import __version__
 
     return __version__
-
-
-def _check_method(method, options):
-    get_feature_map_class(method)  # ValueError listing the methods
-    valid = method_options(method)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        listed = ", ".join(valid) if valid else "(none)"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
-                         f"valid options: {listed}")
 
 
 def _check_layers(layers, count):
@@ -93,7 +83,7 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers.
     """
-    _check_method(method, options)
+    check_method_options(method, options)
     modules = attention_modules(model)
     if is_converted(model):
         raise LinearizeError("this model is already converted; call linearize.revert(model) first to convert again")
@@ -321,7 +311,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     from .loading import load_source_model, resolve_model_name
 
     options = dict(options or {})
-    _check_method(method, options)
+    check_method_options(method, options)
     if out is None:
         raise LinearizeError("pass --out DIR: the folder to write the converted model to")
     prepare_output_dir(out, overwrite=overwrite)

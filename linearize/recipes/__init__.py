@@ -113,6 +113,18 @@ def options_for(method, options):
     return chosen
 
 
+def parse_options(pairs, example="--option projections=16"):
+    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True): feature-map
+    options from the command line (``--option``, ``bench --methods 'luna(k=v,...)'``)."""
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise LinearizeError(f"option {pair!r} is not key=value (example: {example})")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    return options
+
+
 def parse_set(pairs):
     """``["stage1.lr=1e-2", ...]`` -> a nested override dict (values parsed as YAML scalars)."""
     nested = {}

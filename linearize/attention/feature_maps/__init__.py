@@ -1,6 +1,6 @@
 """The feature-map library: importing this package registers every method."""
 
-from .base import (FEATURE_MAPS, FeatureMap, create_feature_map, get_feature_map_class, method_options, methods,
+from .base import (FEATURE_MAPS, FeatureMap, check_method_options, create_feature_map, get_feature_map_class, method_options, methods,
                    register_feature_map)
 from . import luna, hedgehog, t2r, performer, darkformer, flexformer, fixed, cosformer, softmax  # noqa: F401
 
@@ -8,5 +8,5 @@ from . import luna, hedgehog, t2r, performer, darkformer, flexformer, fixed, cos
 MAP_MODULES = ["base", "luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer", "fixed", "cosformer",
                "softmax"]
 
-__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "create_feature_map", "get_feature_map_class",
+__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "check_method_options", "create_feature_map", "get_feature_map_class",
            "method_options", "methods", "register_feature_map"]

@@ -53,18 +53,22 @@ def get_feature_map_class(method):
     return FEATURE_MAPS[method]
 
 
+def check_method_options(method, options):
+    """``ValueError`` listing the valid names if ``method`` is unknown or an option is not its."""
+    valid = method_options(method)  # rejects an unknown method
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        listed = ", ".join(valid) if valid else "(none)"
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; valid options: {listed}")
+
+
 def create_feature_map(method, head_dim, num_heads=1, **options):
     """Build the feature map of ``method`` for one layer's head geometry.
 
     Unknown methods and options raise ``ValueError`` listing the valid names.
     """
-    cls = get_feature_map_class(method)
-    valid = method_options(method)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        listed = ", ".join(valid) if valid else "(none)"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; valid options: {listed}")
-    return cls(head_dim, num_heads, **options)
+    check_method_options(method, options)
+    return get_feature_map_class(method)(head_dim, num_heads, **options)
 
 
 class FeatureMap(nn.Module):
