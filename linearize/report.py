@@ -528,8 +528,11 @@ def _attention_section(report):
     before = _number(attention.get("mean_kl_before"))
     after = _number(attention.get("mean_kl_after"))
     if before is not None and after is not None and not skipped:
-        notes.append(f"Mean KL {before:.3f} → {after:.3f} ({100 * (before - after) / before:.0f}% lower)."
-                     if before > 0 else f"Mean KL {before:.3f} → {after:.3f}.")
+        if after >= before:
+            notes.append(f"Mean KL {before:.3f} → {after:.3f}: stage 1 did not lower it — the map did not learn "
+                         "the teacher's attention (try a lower stage-1 lr, more epochs, or another method).")
+        else:
+            notes.append(f"Mean KL {before:.3f} → {after:.3f} ({100 * (before - after) / before:.0f}% lower).")
     elif before is not None:
         notes.append(f"Mean KL {before:.3f}.")
     if worst is not None and len(rows) > 1:

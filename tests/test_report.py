@@ -243,3 +243,11 @@ def test_cli_bad_inputs_are_one_line_errors(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert ("no report at" if case == "missing" else "schema_version 7") in lines[0]
     assert not (tmp_path / "report.md").exists()
+
+
+def test_a_stage1_that_made_the_attention_worse_is_said_so():
+    report = full_report()
+    report["attention"]["mean_kl_after"] = 1.3  # above mean_kl_before (1.125)
+    md = render_markdown(report)
+    assert "Mean KL 1.125 → 1.300: stage 1 did not lower it" in md and "% lower" not in md
+    assert "Mean KL 1.125 → 0.710 (37% lower)." in render_markdown(full_report())

@@ -505,3 +505,14 @@ def test_stage2_distils_toward_the_teacher_outputs(tmp_path):
     with pytest.raises(LinearizeError, match="needs the softmax teacher"):
         finetune(_student(), _loader(), _loader(), "sst2", tmp_path / "no-teacher", config=config, progress=False,
                  log=lambda *a, **k: None)
+
+
+def test_stage1_that_raises_the_attention_kl_is_flagged():
+    before = {"0": {"kl": 1.0, "ce": 2.0}, "1": {"kl": 3.0, "ce": 4.0}}
+    learned = {"0": {"kl": 0.5, "ce": 1.5}, "1": {"kl": 1.0, "ce": 2.0}}
+    worse = {"0": {"kl": 1.5, "ce": 2.5}, "1": {"kl": 3.0, "ce": 4.0}}
+    assert stage1_module.stage1_warning("luna", before, learned) is None
+    message = stage1_module.stage1_warning("flexformer-s", before, worse)
+    assert "did not lower the attention KL (2.000 -> 2.250)" in message and "flexformer-s" in message
+    assert "\n" not in message
+    assert stage1_module.stage1_warning("luna", before, {"0": {"kl": float("nan")}}) is None

@@ -140,6 +140,20 @@ def attention_distances(model, loader, max_batches=None, device=None):
     return recorder.per_layer()
 
 
+def stage1_warning(method, before, after):
+    """A one-line warning when stage 1 left the mean attention KL (over layers) no lower than it
+    started, i.e. the map did not learn the teacher's attention; ``None`` otherwise."""
+    kl_before = [row["kl"] for row in before.values() if row.get("kl") is not None]
+    kl_after = [row["kl"] for row in after.values() if row.get("kl") is not None]
+    if not kl_before or not kl_after:
+        return None
+    b, a = sum(kl_before) / len(kl_before), sum(kl_after) / len(kl_after)
+    if not (a >= b):  # also None for NaN
+        return None
+    return (f"stage 1 did not lower the attention KL ({b:.3f} -> {a:.3f}): {method}'s map did not learn this "
+            "teacher's attention; try a lower --lr, more epochs, or another method")
+
+
 def _scheduler(name, optimizer, warmup, total):
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup, \
         get_linear_schedule_with_warmup
@@ -266,6 +280,9 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     for p in model.parameters():
         p.requires_grad_(True)
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+    warning = stage1_warning(method, before, after)
+    if warning:
+        log(f"warning: {warning}")
     return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
             "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
 
