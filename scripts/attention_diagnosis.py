@@ -20,33 +20,55 @@ from linearize.distill.losses import LOG_FLOOR
 from linearize.pipeline import load_data, load_processor, make_loaders
 from linearize.recipes import load_recipe
 
-if len(sys.argv) not in (3, 4):
-    sys.exit("usage: scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]")
-teacher_dir, method = sys.argv[1], sys.argv[2]
-student_dir = sys.argv[3] if len(sys.argv) > 3 else None
-torch.manual_seed(0)
-recipe = load_recipe(None)
-data, spec = load_data(recipe)
-loader = make_loaders(recipe, data, spec, load_processor(recipe, spec), 32, 0)["validation"]
-batch = next(iter(loader))
-teacher = T.AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
-maps = feature_maps_of(linearize.load(student_dir)) if student_dir else None
-mask = batch["attention_mask"]
-with torch.no_grad():
-    hidden = teacher(input_ids=batch["input_ids"], attention_mask=mask, output_hidden_states=True).hidden_states
-    for l, layer in enumerate(teacher.bert.encoder.layer):
-        att = layer.attention.self
-        B, N, _ = hidden[l].shape
-        H = teacher.config.num_attention_heads; d = teacher.config.hidden_size // H
-        q = att.query(hidden[l]).view(B, N, H, d).transpose(1, 2)
-        k = att.key(hidden[l]).view(B, N, H, d).transpose(1, 2)
-        fm = maps[l] if maps else create_feature_map(method, d, H).eval()
-        A = softmax_attention_weights(q, k, mask)
-        Ah = linear_attention_weights(q, k, fm, mask)
-        rows = mask.float()[:, None, :, None]
-        floor_mass = ((A * (Ah <= LOG_FLOOR)).sum(-1, keepdim=True) * rows).sum() / (rows.sum() * H)
-        neg = ((Ah < 0).float() * mask[:, None, None, :] * rows).sum() / ((mask[:, None, None, :] * rows).sum() * H)
-        stats = kernel_statistics(q, k, fm, mask)
-        qn = (q * d ** -0.25).pow(2).sum(-1).mul(0.5)
-        print(f"layer {l}: teacher mass on weights <= clamp {float(floor_mass):.3f}; negative weights {float(neg):.3f}; "
-              f"negative kernel values {stats['negative_kernel_fraction']:.3f}; |q~|^2/2 mean {float(qn.mean()):.1f} max {float(qn.max()):.1f}")
+
+def default_loaders(batch_size=32):
+    """The default recipe's (minilm-moviereviews) loaders, seed 0."""
+    recipe = load_recipe(None)
+    data, spec = load_data(recipe)
+    return make_loaders(recipe, data, spec, load_processor(recipe, spec), batch_size, 0)
+
+
+def queries_and_keys(teacher, batch):
+    """``[(q, k)]`` per layer, each ``[B,H,N,d]``, of a BERT-family teacher on one batch."""
+    H = teacher.config.num_attention_heads
+    d = teacher.config.hidden_size // H
+    with torch.no_grad():
+        hidden = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         output_hidden_states=True).hidden_states
+        out = []
+        for l, layer in enumerate(teacher.bert.encoder.layer):
+            att = layer.attention.self
+            B, N, _ = hidden[l].shape
+            out.append((att.query(hidden[l]).view(B, N, H, d).transpose(1, 2),
+                        att.key(hidden[l]).view(B, N, H, d).transpose(1, 2)))
+    return out
+
+
+def main(teacher_dir, method, student_dir=None):
+    torch.manual_seed(0)
+    batch = next(iter(default_loaders()["validation"]))
+    teacher = T.AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+    maps = feature_maps_of(linearize.load(student_dir)) if student_dir else None
+    mask = batch["attention_mask"]
+    H = teacher.config.num_attention_heads
+    with torch.no_grad():
+        for l, (q, k) in enumerate(queries_and_keys(teacher, batch)):
+            d = q.shape[-1]
+            fm = maps[l] if maps else create_feature_map(method, d, H).eval()
+            A = softmax_attention_weights(q, k, mask)
+            Ah = linear_attention_weights(q, k, fm, mask)
+            rows = mask.float()[:, None, :, None]
+            floor_mass = ((A * (Ah <= LOG_FLOOR)).sum(-1, keepdim=True) * rows).sum() / (rows.sum() * H)
+            neg = (((Ah < 0).float() * mask[:, None, None, :] * rows).sum()
+                   / ((mask[:, None, None, :] * rows).sum() * H))
+            stats = kernel_statistics(q, k, fm, mask)
+            qn = (q * d ** -0.25).pow(2).sum(-1).mul(0.5)
+            print(f"layer {l}: teacher mass on weights <= clamp {float(floor_mass):.3f}; negative weights "
+                  f"{float(neg):.3f}; negative kernel values {stats['negative_kernel_fraction']:.3f}; "
+                  f"|q~|^2/2 mean {float(qn.mean()):.1f} max {float(qn.max()):.1f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]")
+    main(*sys.argv[1:])

@@ -226,6 +226,13 @@ def test_set_values_are_typed_like_yaml_with_exponent_numbers_as_floats():
                       "method": "luna", "layers": None}
 
 
+def test_option_values_are_typed_like_set_values():
+    from linearize.recipes import parse_options
+
+    assert parse_options(["eps=1e-2", "projections=16", "shared_projections=false", "init=identity"]) == {
+        "eps": 0.01, "projections": 16, "shared_projections": False, "init": "identity"}
+
+
 def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
     """A key added to the recipes since a run was written counts as its default; a real change
     is named."""

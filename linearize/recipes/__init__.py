@@ -114,14 +114,15 @@ def options_for(method, options):
 
 
 def parse_options(pairs, example="--option projections=16"):
-    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True): feature-map
-    options from the command line (``--option``, ``bench --methods 'luna(k=v,...)'``)."""
+    """``["k=v", ...]`` -> ``{k: v}`` with YAML scalars (``8`` -> 8, ``true`` -> True, ``1e-2`` ->
+    0.01 as in ``--set``): feature-map options from the command line (``--option``,
+    ``bench --methods 'luna(k=v,...)'``)."""
     options = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise LinearizeError(f"option {pair!r} is not key=value (example: {example})")
-        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        options[key.strip()] = _scalar(value)
     return options
 
 
