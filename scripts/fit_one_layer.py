@@ -9,6 +9,9 @@ usage: .venv/bin/python scripts/fit_one_layer.py TEACHER_DIR METHOD [--layer 1] 
   --init-scale: multiplies the map's initial frequencies (parameters named omega*; Flexformer's).
   --log-floor F > 0: the cross-entropy's log continued linearly below F (log F + (Â − F)/F), so
     weights at or below zero get a gradient, instead of the pipeline's clamp at 1e-12.
+  --step-check: first, on the first training batch in float64, the loss change of a step of
+    length η (1e-6 ... 1e-2, in parameter norm) against the gradient, beside the change the
+    gradient predicts (−η‖g‖): where the two part, the loss is not smooth at that scale.
 """
 import argparse
 import math
@@ -36,6 +39,30 @@ def cross_entropy(A, Ah, mask, floor):
     return (ce * weights).sum() / weights.sum()
 
 
+def step_check(fm, mask, qk, floor):
+    q, k = (t.double() for t in qk)
+    fm.double()
+    A = softmax_attention_weights(q, k, mask)
+    params = [p for p in fm.parameters() if p.requires_grad]
+
+    def loss():
+        return cross_entropy(A, linear_attention_weights(q, k, fm, mask).double(), mask, floor)
+
+    grads = torch.autograd.grad(loss(), params)
+    norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+    with torch.no_grad():
+        start = loss().item()
+        for eta in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2):
+            for p, g in zip(params, grads):
+                p.sub_(eta * g / norm)
+            changed = loss().item() - start
+            for p, g in zip(params, grads):
+                p.add_(eta * g / norm)
+            print(f"  step check, length {eta:g}: loss change {changed:+.2e} (the gradient predicts "
+                  f"{-eta * norm.item():+.2e})")
+    fm.float()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("teacher"), parser.add_argument("method")
@@ -45,6 +72,7 @@ def main():
     parser.add_argument("--init-scale", type=float, default=1.0)
     parser.add_argument("--log-floor", type=float, default=0.0)
     parser.add_argument("--option", action="append", default=[])
+    parser.add_argument("--step-check", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     loaders = default_loaders()
@@ -67,6 +95,8 @@ def main():
             return sum(float(attention_kl(softmax_attention_weights(q, k, m), linear_attention_weights(q, k, fm, m), m))
                        for m, (q, k) in dev) / len(dev)
 
+    if args.step_check:
+        step_check(fm, *train[0], args.log_floor)
     optimizer = torch.optim.AdamW(fm.parameters(), lr=args.lr, weight_decay=0.0)
     before = dev_kl()
     for step in range(args.steps):
