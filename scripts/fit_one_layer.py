@@ -9,9 +9,10 @@ usage: .venv/bin/python scripts/fit_one_layer.py TEACHER_DIR METHOD [--layer 1] 
   --init-scale: multiplies the map's initial frequencies (parameters named omega*; Flexformer's).
   --log-floor F > 0: the cross-entropy's log continued linearly below F (log F + (Â − F)/F), so
     weights at or below zero get a gradient, instead of the pipeline's clamp at 1e-12.
-  --step-check: first, on the first training batch in float64, the loss change of a step of
-    length η (1e-6 ... 1e-2, in parameter norm) against the gradient, beside the change the
-    gradient predicts (−η‖g‖): where the two part, the loss is not smooth at that scale.
+  --step-check: first, on the first training batch, the loss change of a step of length η
+    (1e-6 ... 1e-2, in parameter norm) against the gradient, beside the change the gradient
+    predicts (−η‖g‖): where the two part, the loss is not smooth at that scale. The attention
+    core computes in float32, so changes below ~1e-6 are rounding.
 """
 import argparse
 import math
@@ -40,13 +41,12 @@ def cross_entropy(A, Ah, mask, floor):
 
 
 def step_check(fm, mask, qk, floor):
-    q, k = (t.double() for t in qk)
-    fm.double()
+    q, k = qk
     A = softmax_attention_weights(q, k, mask)
     params = [p for p in fm.parameters() if p.requires_grad]
 
     def loss():
-        return cross_entropy(A, linear_attention_weights(q, k, fm, mask).double(), mask, floor)
+        return cross_entropy(A, linear_attention_weights(q, k, fm, mask), mask, floor)
 
     grads = torch.autograd.grad(loss(), params)
     norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
@@ -60,7 +60,6 @@ def step_check(fm, mask, qk, floor):
                 p.add_(eta * g / norm)
             print(f"  step check, length {eta:g}: loss change {changed:+.2e} (the gradient predicts "
                   f"{-eta * norm.item():+.2e})")
-    fm.float()
 
 
 def main():
