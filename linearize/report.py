@@ -528,7 +528,9 @@ def _attention_section(report):
     before = _number(attention.get("mean_kl_before"))
     after = _number(attention.get("mean_kl_after"))
     if before is not None and after is not None and not skipped:
-        if after >= before:
+        if before <= 0:
+            notes.append(f"Mean KL {before:.3f} → {after:.3f}.")
+        elif after >= before:
             notes.append(f"Mean KL {before:.3f} → {after:.3f}: stage 1 did not lower it — the map did not learn "
                          "the teacher's attention (try a lower stage-1 lr, more epochs, or another method).")
         else:

@@ -251,3 +251,6 @@ def test_a_stage1_that_made_the_attention_worse_is_said_so():
     md = render_markdown(report)
     assert "Mean KL 1.125 → 1.300: stage 1 did not lower it" in md and "% lower" not in md
     assert "Mean KL 1.125 → 0.710 (37% lower)." in render_markdown(full_report())
+    exact = full_report()
+    exact["attention"]["mean_kl_before"] = exact["attention"]["mean_kl_after"] = 0.0
+    assert "Mean KL 0.000 → 0.000." in render_markdown(exact)

@@ -516,3 +516,5 @@ def test_stage1_that_raises_the_attention_kl_is_flagged():
     assert "did not lower the attention KL (2.000 -> 2.250)" in message and "flexformer-s" in message
     assert "\n" not in message
     assert stage1_module.stage1_warning("luna", before, {"0": {"kl": float("nan")}}) is None
+    at_teacher = {"0": {"kl": 0.0}}
+    assert stage1_module.stage1_warning("luna", at_teacher, at_teacher) is None

@@ -141,14 +141,14 @@ def attention_distances(model, loader, max_batches=None, device=None):
 
 
 def stage1_warning(method, before, after):
-    """A one-line warning when stage 1 left the mean attention KL (over layers) no lower than it
-    started, i.e. the map did not learn the teacher's attention; ``None`` otherwise."""
+    """A one-line warning when stage 1 left the mean attention KL (over layers) no lower than a
+    positive start, i.e. the map did not learn the teacher's attention; ``None`` otherwise."""
     kl_before = [row["kl"] for row in before.values() if row.get("kl") is not None]
     kl_after = [row["kl"] for row in after.values() if row.get("kl") is not None]
     if not kl_before or not kl_after:
         return None
     b, a = sum(kl_before) / len(kl_before), sum(kl_after) / len(kl_after)
-    if not (a >= b):  # also None for NaN
+    if not (a >= b > 0):  # None for NaN too, and for a start already at the teacher's attention
         return None
     return (f"stage 1 did not lower the attention KL ({b:.3f} -> {a:.3f}): {method}'s map did not learn this "
             "teacher's attention; try a lower --lr, more epochs, or another method")
