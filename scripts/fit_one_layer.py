@@ -27,7 +27,7 @@ from attention_diagnosis import default_loaders, queries_and_keys  # noqa: E402
 
 from linearize.attention.core import linear_attention_weights, softmax_attention_weights  # noqa: E402
 from linearize.attention.feature_maps import create_feature_map  # noqa: E402
-from linearize.distill.losses import attention_cross_entropy, attention_entropy, attention_kl  # noqa: E402
+from linearize.distill.losses import _row_mean, attention_cross_entropy, attention_entropy, attention_kl  # noqa: E402
 from linearize.recipes import parse_options  # noqa: E402
 
 
@@ -35,9 +35,7 @@ def cross_entropy(A, Ah, mask, floor):
     if not floor:
         return attention_cross_entropy(A, Ah, mask)
     log = torch.where(Ah > floor, Ah.clamp_min(floor).log(), math.log(floor) + (Ah - floor) / floor)
-    ce = -(A * log).sum(-1)
-    weights = mask.float()[:, None, :].expand_as(ce)
-    return (ce * weights).sum() / weights.sum()
+    return _row_mean(-(A * log).sum(-1), mask)  # averaged as the pipeline's cross-entropy
 
 
 def step_check(fm, mask, qk, floor):
@@ -106,7 +104,8 @@ def main():
         loss.backward()
         optimizer.step()
         if step % 20 == 0 or step == args.steps - 1:
-            print(f"  step {step}: train CE {loss.item():.3f} (teacher entropy {attention_entropy(A, mask).item():.3f})")
+            entropy = attention_entropy(A, mask).item()
+            print(f"  step {step}: train CE {loss.item():.3f} (teacher entropy {entropy:.3f})")
     print(f"{args.method} layer {args.layer}, init x{args.init_scale}, lr {args.lr}, {args.steps} steps, "
           f"log floor {args.log_floor or 'clamp 1e-12'}, options {args.option or '-'}: "
           f"dev KL {before:.3f} -> {dev_kl():.3f}")

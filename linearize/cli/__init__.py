@@ -18,7 +18,6 @@ import typer
 from rich.console import Console
 
 from ..errors import LinearizeError
-from ..recipes import parse_options  # noqa: F401 (the commands' --option)
 
 app = typer.Typer(
     name="linearize",

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from ..errors import LinearizeError
-from . import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers,
-               parse_options)
+from ..recipes import parse_options
+from . import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
 
 
 @app.command("methods")

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import LayersOpt, OptionOpt, app, console, friendly_errors, parse_layers, parse_options
+from ..recipes import parse_options
+from . import LayersOpt, OptionOpt, app, console, friendly_errors, parse_layers
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]

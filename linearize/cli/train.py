@@ -7,9 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..recipes import parse_options
 from . import (DataDirOpt, LabelColumnOpt, LayersOpt, MaxLengthOpt, OptionOpt, TaskOpt, TestFileOpt,
                TextColumnOpt, TextPairColumnOpt, TrainFileOpt, ValidationFileOpt, app, console, data_options,
-               friendly_errors, parse_layers, parse_options, print_scores)
+               friendly_errors, parse_layers, print_scores)
 
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
 OutOpt = Annotated[Path, typer.Option("--out", "-O", help="Folder to write the trained model to.")]

@@ -59,7 +59,8 @@ def check_method_options(method, options):
     unknown = sorted(set(options) - set(valid))
     if unknown:
         listed = ", ".join(valid) if valid else "(none)"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; valid options: {listed}")
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
+                         f"valid options: {listed}")
 
 
 def create_feature_map(method, head_dim, num_heads=1, **options):
