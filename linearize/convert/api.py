@@ -194,6 +194,15 @@ def linearized_hf_class(base):
 def _save_pretrained(self, save_directory, *args, **kwargs):
     """``save_pretrained`` plus the ``linearize`` config block, own model type and remote code."""
     base = type(self)._linearize_base
+    # Weights are written under the model's own (transformers 5.x) parameter names, never reverted
+    # to a legacy layout: transformers 5.x renames legacy ViT/DeiT/Dinov2 keys on load through a
+    # conversion mapping keyed by the *native* class name, and writes them back under the legacy
+    # names on save. A converted folder loads as ``Linearize<Class>`` (linearize.load) or as custom
+    # code (trust_remote_code), and neither gets that mapping, so legacy names would come back as
+    # UNEXPECTED and the attention projections as MISSING (randomly initialised). Current names load
+    # with or without a mapping (its patterns match only legacy names). Older-format tools gain
+    # nothing from the legacy layout: a converted folder needs transformers 5.x to run at all.
+    kwargs.setdefault("save_original_format", False)
     base.save_pretrained(self, save_directory, *args, **kwargs)
     block = self.config.linearize
     auto_map = remote_code.write_remote_code(save_directory, block["base_model_type"],
@@ -268,9 +277,26 @@ def load(directory, **kwargs):
     from .loading import check_weights
 
     check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
-    model = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True, **kwargs)
+    want_info = kwargs.pop("output_loading_info", False)
+    model, info = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True,
+                                                            output_loading_info=True, **kwargs)
+    check_loading_info(directory, info)
     model.eval()
-    return model
+    return (model, info) if want_info else model
+
+
+def check_loading_info(directory, info):
+    """A load that left weights MISSING (newly initialised) or UNEXPECTED (unused) is an error:
+    the model would run with random weights where the saved ones were meant to be."""
+    problems = [(kind, sorted(info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys",
+                                                                 "mismatched_keys")]
+    problems = [(kind.split("_")[0], keys) for kind, keys in problems if keys]
+    if not problems:
+        return
+    described = "; ".join(f"{len(keys)} {kind} ({', '.join(map(str, keys[:3]))}{', ...' if len(keys) > 3 else ''})"
+                          for kind, keys in problems)
+    raise LinearizeError(f"{directory} does not match its model: {described}; the weights were saved by another "
+                         "version or renamed; re-save the converted model with this linearize version")
 
 
 def parameter_overhead(model):
