@@ -40,6 +40,7 @@ def build_source_model(recipe, spec):
     {config: ...}``) a model built from a config to be trained from scratch."""
     import transformers
 
+    from .convert.heads import auto_class_for
     from .convert.loading import load_source_model
 
     head_kwargs = spec.model_config_kwargs()
@@ -50,8 +51,7 @@ def build_source_model(recipe, spec):
         if model_type is None:
             raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
         config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
-        cls = {"image-classification": transformers.AutoModelForImageClassification,
-               "sequence-classification": transformers.AutoModelForSequenceClassification}[recipe["head"]]
+        cls = getattr(transformers, auto_class_for(recipe["head"]))
         torch.manual_seed(recipe["seed"])
         return cls.from_config(config), None
     model = load_source_model(source, head=recipe["head"], **head_kwargs)

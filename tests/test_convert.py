@@ -12,7 +12,7 @@ import transformers as T
 import linearize
 from linearize.convert import attention_modules, feature_maps_of
 from linearize.errors import LinearizeError
-from tiny_models import VISION, build, configs, first_output, heads, inputs
+from tiny_models import VISION, WITHOUT_LINEARIZE, build, configs, first_output, heads, inputs
 
 ARCHS = list(configs())
 METHODS = linearize.methods()
@@ -141,14 +141,7 @@ def test_save_and_linearize_load_give_identical_outputs(arch, tmp_path):
     torch.testing.assert_close(first_output(reloaded, batch), expected, atol=1e-5, rtol=1e-5)
 
 
-REMOTE_CHECK = textwrap.dedent("""
-    import json, sys
-    class BlockLinearize:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "linearize":
-                raise ImportError("linearize must not be imported by remote code")
-    sys.meta_path.insert(0, BlockLinearize())
-    import torch, transformers
+REMOTE_CHECK = WITHOUT_LINEARIZE + textwrap.dedent("""
     results = {}
     for directory, auto, batch_file in json.loads(sys.argv[1]):
         model = getattr(transformers, auto).from_pretrained(directory, trust_remote_code=True).eval()

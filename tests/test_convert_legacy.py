@@ -25,7 +25,7 @@ from transformers.conversion_mapping import get_model_conversion_mapping
 import linearize
 from linearize.convert.api import check_loading_info, save_processors
 from linearize.errors import LinearizeError
-from tiny_models import VISION, build, configs, first_output, inputs
+from tiny_models import VISION, WITHOUT_LINEARIZE, build, configs, first_output, inputs
 
 ARCHS = list(configs())
 
@@ -96,14 +96,7 @@ def test_which_supported_architectures_transformers_renames():
     assert {"vit", "deit", "dinov2"} <= set(renamed)
 
 
-REMOTE_CHECK = textwrap.dedent("""
-    import json, sys
-    class BlockLinearize:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "linearize":
-                raise ImportError("linearize must not be imported by remote code")
-    sys.meta_path.insert(0, BlockLinearize())
-    import torch, transformers
+REMOTE_CHECK = WITHOUT_LINEARIZE + textwrap.dedent("""
     from PIL import Image
     results = {}
     for directory, auto, batch_file, image_file in json.loads(sys.argv[1]):

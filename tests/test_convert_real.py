@@ -10,7 +10,7 @@ import torch
 import transformers as T
 
 import linearize
-from linearize.convert import feature_maps_of
+from linearize.convert import feature_maps_of, is_converted
 
 SENTENCES = ["a gripping, beautifully acted film.", "the plot is thin and the jokes fall flat, sadly."]
 
@@ -126,7 +126,7 @@ def test_timm_vit_every_method(timm_vit):
 
 
 def test_timm_vit_save_and_load(timm_vit, tmp_path):
-    from linearize.convert.timm_io import save_timm
+    from linearize.convert.backends.timm import save_timm
 
     model, images = timm_vit
     linearize.convert(model, "hedgehog", layers=[0, 5, 11])
@@ -140,3 +140,32 @@ def test_timm_vit_save_and_load(timm_vit, tmp_path):
             torch.testing.assert_close(reloaded(images), expected, atol=1e-5, rtol=1e-5)
     finally:
         linearize.revert(model)
+
+
+def test_timm_vit_save_pretrained_like_hf_models_and_strict_reload(tmp_path):
+    """A converted timm model saves itself (name and geometry read off the model) and reloads
+    bit-identically; weights under other names are an error, not a re-initialisation."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import load_file, save_file
+
+    from linearize.errors import LinearizeError
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                              num_classes=3).eval()
+    images = torch.randn(2, 3, 32, 32)
+    linearize.convert(model, "luna", layers=[1])
+    model.save_pretrained(tmp_path / "a")
+    reloaded = linearize.load(tmp_path / "a")
+    assert type(reloaded).__name__ == type(model).__name__ == "LinearizeVisionTransformer"
+    assert sorted(feature_maps_of(reloaded)) == [1]
+    with torch.no_grad():
+        assert torch.equal(reloaded(images), model(images))
+    linearize.revert(reloaded)
+    assert type(reloaded).__name__ == "VisionTransformer" and not is_converted(reloaded)
+    state = load_file(str(tmp_path / "a" / "model.safetensors"))
+    state = {key.replace("blocks.1.attn.qkv.", "blocks.1.attn.in_proj."): value for key, value in state.items()}
+    save_file(state, str(tmp_path / "a" / "model.safetensors"))
+    with pytest.raises(LinearizeError, match=r"2 missing \(blocks.1.attn.qkv.bias, blocks.1.attn.qkv.weight\); "
+                                             r"2 unexpected \(blocks.1.attn.in_proj"):
+        linearize.load(tmp_path / "a")

@@ -216,7 +216,7 @@ def test_fast_linear_path_keeps_low_precision_dtype():
 
 
 def test_bundled_remote_code_compiles_with_unique_module_names():
-    from linearize.convert import remote_code
+    from linearize.convert.backends import hf_remote_code as remote_code
 
     source = remote_code.bundled_sources()
     tree = ast.parse(source)

@@ -408,7 +408,7 @@ def test_card_metadata_for_hub_sources_and_other_heads():
 
 def test_timm_model_card_and_snippet(tmp_path):
     timm = pytest.importorskip("timm")
-    from linearize.convert.timm_io import save_timm
+    from linearize.convert.backends.timm import save_timm
 
     kwargs = dict(img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=4, num_classes=3)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kwargs).eval()

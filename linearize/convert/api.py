@@ -1,24 +1,24 @@
 """``linearize.convert`` / ``revert`` / ``load``: the one conversion entry point.
 
-``convert(model, method, layers=None, **options)`` works in place on Hugging Face encoders
-(see ``hf.ATTENTION_CLASSES``) and timm ``VisionTransformer`` models. Converted HF models keep
-their class's behaviour and gain a ``save_pretrained`` that writes the ``linearize`` config
-block, ``model.safetensors`` and the self-contained remote code.
+``convert(model, method, layers=None, **options)`` works in place on every model a backend handles
+(``backends/``: Hugging Face encoders, see ``hf_attention.ATTENTION_CLASSES``, and timm
+``VisionTransformer`` models). A converted model gains a ``save_pretrained`` that writes the weights
+and the ``linearize`` config block (HF models also their self-contained remote code), and
+``linearize.load`` restores it.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..attention.feature_maps import check_method_options, get_feature_map_class
+from ..attention.feature_maps import check_method_options
 from ..errors import LinearizeError
-from ..io import atomic_write_json
-from . import hf, remote_code, timm_vit
+from .backends import backend_for, backend_for_block, hf_attention
+from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
+from .loading import check_loading_info, read_linearize_block  # noqa: F401  (public names)
 
 FORMAT_VERSION = 1
-SUPPORTED = sorted(hf.ATTENTION_CLASSES) + ["timm VisionTransformer"]
-_HF_SUBCLASSES = {}
+SUPPORTED = sorted(hf_attention.ATTENTION_CLASSES) + ["timm VisionTransformer"]
 
 
 def _version():
@@ -37,42 +37,22 @@ def _check_layers(layers, count):
     return layers
 
 
-def _is_hf(model):
-    from transformers import PreTrainedModel
-
-    return isinstance(model, PreTrainedModel)
+def _unsupported(model):
+    kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    return LinearizeError(f"unsupported architecture {kind!r}; supported: {', '.join(SUPPORTED)}")
 
 
 def attention_modules(model):
     """The model's self-attention modules, in order, or a LinearizeError naming what is supported."""
-    if _is_hf(model):
-        modules = hf.attention_modules(model)
-        if getattr(model.config, "is_decoder", False):
-            raise LinearizeError("linearize converts bidirectional encoders; this model is configured as a decoder")
-    elif timm_vit.is_timm_vit(model):
-        modules = timm_vit.timm_attention_modules(model)
-    else:
-        modules = []
+    backend = backend_for(model)
+    modules = backend.attention_modules(model) if backend else []
     if not modules:
-        kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
-        raise LinearizeError(f"unsupported architecture {kind!r}; supported: {', '.join(SUPPORTED)}")
+        raise _unsupported(model)
     return modules
 
 
 def is_converted(model):
     return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
-
-
-def _own_config(model):
-    """Give the model a private copy of its config: conversion writes to it, and a config
-    object shared with other models (``from_config(c)`` twice) must not convert them too."""
-    import copy
-
-    old = model.config
-    new = copy.deepcopy(old)
-    for module in model.modules():
-        if getattr(module, "config", None) is old:
-            module.config = new
 
 
 def convert(model, method="luna", *, layers=None, source=None, **options):
@@ -85,80 +65,26 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
     """
     check_method_options(method, options)
     modules = attention_modules(model)
+    backend = backend_for(model)
     if is_converted(model):
         raise LinearizeError("this model is already converted; call linearize.revert(model) first to convert again")
     chosen = _check_layers(layers, len(modules))
     before = sum(p.numel() for p in model.parameters())
-    if _is_hf(model):
-        _own_config(model)
-        head_dim, num_heads = hf.head_geometry(model.config)
-        block = {
-            "format_version": FORMAT_VERSION,
-            "linearize_version": _version(),
-            "method": method,
-            "options": dict(options),
-            "layers": chosen,
-            "num_attention_layers": len(modules),
-            "source": source or getattr(model.config, "_name_or_path", None) or None,
-            "base_model_type": model.config.model_type,
-            "architecture": type(model).__name__,
-            "previous_attn_implementation": model.config._attn_implementation,
-        }
-        hf.register_attention_backend()
-        hf.attach_feature_maps(modules, method, set(chosen), options, head_dim, num_heads)
-        model.config.linearize = block
-        model.set_attn_implementation(hf.ATTENTION_IMPLEMENTATION)
-        model.__class__ = linearized_hf_class(type(model))
-        _register_output_recording(model)
-    else:
-        for index, (_, module) in enumerate(modules):
-            if index not in chosen:
-                continue
-            fm = get_feature_map_class(method)(module.head_dim, module.num_heads,
-                                               **hf.layer_options(method, options, index))
-            reference = next(module.parameters())
-            module.linearize_map = fm.to(device=reference.device, dtype=reference.dtype)
-            module.__class__ = timm_vit.linearized_class(type(module))
-        block = {"format_version": FORMAT_VERSION, "linearize_version": _version(), "method": method,
-                 "options": dict(options), "layers": chosen, "num_attention_layers": len(modules),
-                 "source": source, "base_model_type": "timm", "architecture": type(model).__name__}
-        model.linearize_config = block
-    added = sum(p.numel() for p in model.parameters()) - before
-    block["parameters_added"] = int(added)
+    block = {"format_version": FORMAT_VERSION, "linearize_version": _version(), "method": method,
+             "options": dict(options), "layers": chosen, "num_attention_layers": len(modules)}
+    block.update(backend.record(model, source))
+    backend.attach(model, method, chosen, options, block)
+    block["parameters_added"] = int(sum(p.numel() for p in model.parameters()) - before)
     block["parameters_base"] = int(before)
     return model
 
 
-def _register_output_recording(model):
-    """transformers keys ``output_attentions`` capture on the class name (set in ``__init__``,
-    which a class swapped in place never ran): register the new class like the old one."""
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # pragma: no cover - older/newer transformers without the registry
-        return
-    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
-
-
 def revert(model):
     """Restore softmax attention (pretrained weights unchanged) and return the model."""
-    if _is_hf(model):
-        block = getattr(model.config, "linearize", None)
-        for _, module in hf.attention_modules(model):
-            if hasattr(module, "linearize_map"):
-                del module.linearize_map
-        base = getattr(type(model), "_linearize_base", None)
-        if base is not None:
-            model.__class__ = base
-        if block is not None:
-            del model.config.linearize
-            model.set_attn_implementation(block.get("previous_attn_implementation") or "sdpa")
-    elif timm_vit.is_timm_vit(model):
-        for _, module in timm_vit.timm_attention_modules(model):
-            timm_vit.unpatch(module)
-        if hasattr(model, "linearize_config"):
-            del model.linearize_config
-    else:
-        raise LinearizeError(f"unsupported architecture {type(model).__name__!r}; supported: {', '.join(SUPPORTED)}")
+    backend = backend_for(model)
+    if backend is None:
+        raise _unsupported(model)
+    backend.detach(model)
     return model
 
 
@@ -172,131 +98,22 @@ def feature_maps_of(model):
     return {i: m.linearize_map for i, (_, m) in enumerate(attention_modules(model)) if hasattr(m, "linearize_map")}
 
 
-# ---- Hugging Face: the converted class, save and load --------------------------------------------
-
-def linearized_hf_class(base):
-    """A subclass of a transformers model class that rebuilds its linear attention from
-    ``config.linearize`` on construction (so ``from_pretrained`` restores it) and saves the
-    remote code with the weights."""
-    if base not in _HF_SUBCLASSES:
-        def __init__(self, config, *args, **kwargs):
-            base.__init__(self, config, *args, **kwargs)
-            block = getattr(config, "linearize", None)
-            if block is not None:
-                hf.apply_linearize_config(self, block)
-
-        _HF_SUBCLASSES[base] = type(remote_code.remote_class_name(base.__name__), (base,), {
-            "__init__": __init__, "save_pretrained": _save_pretrained, "_linearize_base": base,
-            "__module__": __name__})
-    return _HF_SUBCLASSES[base]
-
-
-def _save_pretrained(self, save_directory, *args, **kwargs):
-    """``save_pretrained`` plus the ``linearize`` config block, own model type and remote code."""
-    base = type(self)._linearize_base
-    # Weights are written under the model's own (transformers 5.x) parameter names, never reverted
-    # to a legacy layout: transformers 5.x renames legacy ViT/DeiT/Dinov2 keys on load through a
-    # conversion mapping keyed by the *native* class name, and writes them back under the legacy
-    # names on save. A converted folder loads as ``Linearize<Class>`` (linearize.load) or as custom
-    # code (trust_remote_code), and neither gets that mapping, so legacy names would come back as
-    # UNEXPECTED and the attention projections as MISSING (randomly initialised). Current names load
-    # with or without a mapping (its patterns match only legacy names). Older-format tools gain
-    # nothing from the legacy layout: a converted folder needs transformers 5.x to run at all.
-    kwargs.setdefault("save_original_format", False)
-    base.save_pretrained(self, save_directory, *args, **kwargs)
-    block = self.config.linearize
-    auto_map = remote_code.write_remote_code(save_directory, block["base_model_type"],
-                                             type(self.config).__name__, _version())
-    path = Path(save_directory) / "config.json"
-    data = json.loads(path.read_text())
-    data["model_type"] = remote_code.model_type_for(block["base_model_type"])
-    data["architectures"] = [remote_code.remote_class_name(base.__name__)]
-    data["auto_map"] = auto_map
-    data["linearize"] = block
-    atomic_write_json(path, data)
-
-
-def read_linearize_block(directory):
-    """The ``linearize`` block of a saved model's config.json, or a LinearizeError saying why not."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise LinearizeError(f"{directory} has no config.json: it is not a saved model folder")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise LinearizeError(f"{path} is not valid JSON ({error}); re-save or re-download the model") from None
-    block = data.get("linearize")
-    if not block:
-        raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
-                             "block); convert it first with `linearize convert`")
-    return data, block
-
-
-def base_config(directory):
-    """The source architecture's own config class for a saved converted model (no remote code)."""
-    import transformers
-
-    data, block = read_linearize_block(directory)
-    config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
-    config = transformers.AutoConfig.for_model(block["base_model_type"], **config_dict)
-    config.linearize = block
-    return config
-
-
-def load_processor(directory):
-    """The tokenizer or image processor saved with a converted model, or None.
-
-    The base config is handed over so transformers does not ask to run the folder's remote code
-    just to learn which tokenizer class to build."""
-    import transformers
-
-    config = base_config(directory)
-    for auto in (transformers.AutoTokenizer, transformers.AutoImageProcessor):
-        try:
-            return auto.from_pretrained(directory, config=config)
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    return None
+def save(model, directory):
+    """Save a converted model (any backend) so that ``linearize.load`` restores it exactly."""
+    backend = backend_for(model)
+    if backend is None or linearize_config(model) is None:
+        raise LinearizeError("save() takes a model converted with linearize.convert")
+    backend.save(model, directory)
 
 
 def load(directory, **kwargs):
-    """Load a converted model saved by ``save_pretrained``, with its own head, without remote code."""
-    import transformers
+    """Load a converted model saved by ``save_pretrained``, with its own head, without remote code.
 
+    A saved weight the model does not use, or a weight the folder lacks, is an error (never a
+    silent re-initialisation); ``output_loading_info=True`` also returns transformers' load report."""
     directory = Path(directory)
     data, block = read_linearize_block(directory)
-    if block.get("base_model_type") == "timm":
-        from .timm_io import load_timm
-
-        return load_timm(directory)
-    config = base_config(directory)
-    base = getattr(transformers, block["architecture"], None)
-    if base is None:
-        raise LinearizeError(f"transformers {transformers.__version__} has no class {block['architecture']!r}; "
-                             "upgrade transformers")
-    from .loading import check_weights
-
-    check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
-    want_info = kwargs.pop("output_loading_info", False)
-    model, info = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True,
-                                                            output_loading_info=True, **kwargs)
-    check_loading_info(directory, info)
-    model.eval()
-    return (model, info) if want_info else model
-
-
-def check_loading_info(directory, info):
-    """A load that left weights MISSING (newly initialised) or UNEXPECTED (unused) is an error:
-    the model would run with random weights where the saved ones were meant to be."""
-    problems = [(kind, sorted(info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys",
-                                                                 "mismatched_keys")]
-    problems = [(kind.split("_")[0], keys) for kind, keys in problems if keys]
-    if not problems:
-        return
-    described = "; ".join(f"{len(keys)} {kind} ({', '.join(map(str, keys[:3]))}{', ...' if len(keys) > 3 else ''})"
-                          for kind, keys in problems)
-    raise LinearizeError(f"{directory} does not match its model: {described}; the weights were saved by another "
-                         "version or renamed; re-save the converted model with this linearize version")
+    return backend_for_block(block).load(directory, data, block, **kwargs)
 
 
 def parameter_overhead(model):
@@ -305,8 +122,6 @@ def parameter_overhead(model):
     added = sum(p.numel() for fm in feature_maps_of(model).values() for p in fm.parameters())
     total = sum(p.numel() for p in model.parameters())
     return added, block.get("parameters_base", total - added)
-
-
 # ---- checkpoints on disk (what the CLI calls) -----------------------------------------------------
 
 def save_processors(source, directory):

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import LinearizeError
+from .heads import cli_heads
 
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
@@ -73,14 +74,8 @@ def _check_safetensors(path):
         raise LinearizeError(f"{path} is corrupt or truncated ({error}); re-download or re-save it") from None
 
 
-#: --head name -> the transformers Auto class that builds it
-HEADS = {
-    "base": "AutoModel",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "masked-lm": "AutoModelForMaskedLM",
-    "image-classification": "AutoModelForImageClassification",
-}
+#: --head name -> the transformers Auto class that builds it (from the one table in heads.py)
+HEADS = cli_heads()
 
 
 def model_class_for(config, head=None):
@@ -126,3 +121,35 @@ def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
             "machine (offline: pass a local folder)") from None
     model.config._name_or_path = name if not local else str(path)
     return model
+
+
+# ---- saved converted folders ----------------------------------------------------------------------
+
+def read_linearize_block(directory):
+    """The ``linearize`` block of a saved model's config.json, or a LinearizeError saying why not."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise LinearizeError(f"{directory} has no config.json: it is not a saved model folder")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise LinearizeError(f"{path} is not valid JSON ({error}); re-save or re-download the model") from None
+    block = data.get("linearize")
+    if not block:
+        raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
+                             "block); convert it first with `linearize convert`")
+    return data, block
+
+
+def check_loading_info(directory, info):
+    """A load that left weights MISSING (newly initialised) or UNEXPECTED (unused) is an error:
+    the model would run with random weights where the saved ones were meant to be."""
+    problems = [(kind, sorted(info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys",
+                                                                 "mismatched_keys")]
+    problems = [(kind.split("_")[0], keys) for kind, keys in problems if keys]
+    if not problems:
+        return
+    described = "; ".join(f"{len(keys)} {kind} ({', '.join(map(str, keys[:3]))}{', ...' if len(keys) > 3 else ''})"
+                          for kind, keys in problems)
+    raise LinearizeError(f"{directory} does not match its model: {described}; the weights were saved by another "
+                         "version or renamed; re-save the converted model with this linearize version")

@@ -37,7 +37,7 @@ def _linearized_forward(self, x, attn_mask=None, is_causal=False):
     q, k = self.q_norm(q), self.k_norm(k)
     key_padding = None
     if attn_mask is not None:
-        from .hf import key_padding_from_mask
+        from .hf_attention import key_padding_from_mask
 
         key_padding = key_padding_from_mask(attn_mask if attn_mask.dim() == 4 else attn_mask[:, None])
     out, _ = self.linearize_map.attend(q, k, v, key_padding, scale=self.scale,

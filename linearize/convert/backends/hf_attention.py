@@ -11,7 +11,7 @@ padding mask for an unknown implementation and padding would silently be ignored
 attention function the ``[batch, seq]`` key-padding mask (True = real token), never an N×N mask.
 
 This module imports only torch, transformers and ``linearize.attention``, so a saved model's
-remote code can bundle it (see ``remote_code.py``).
+remote code can bundle it (see ``hf_remote_code.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..attention.feature_maps import create_feature_map, get_feature_map_class, method_options
+from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
 
 ATTENTION_IMPLEMENTATION = "linearize"
 

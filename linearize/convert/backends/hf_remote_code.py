@@ -19,23 +19,15 @@ import ast
 import inspect
 from pathlib import Path
 
-from ..attention import core
-from ..attention import feature_maps
-from . import hf
+from ...attention import core
+from ...attention import feature_maps
+from ..heads import auto_mappings
+from . import hf_attention
 
 MODELING_FILE = "modeling_linearize.py"
 
 #: Auto class -> the transformers mapping of model_type to class name it uses
-AUTO_MAPPINGS = {
-    "AutoModel": "MODEL_MAPPING_NAMES",
-    "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
-    "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    "AutoModelForQuestionAnswering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
-    "AutoModelForMultipleChoice": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
-    "AutoModelForImageClassification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "AutoModelForMaskedImageModeling": "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES",
-}
+AUTO_MAPPINGS = auto_mappings()
 
 
 def model_type_for(base_model_type):
@@ -80,7 +72,7 @@ def _module_source(module):
 
 def bundled_sources():
     """The attention core, the feature maps and the transformers patch as one source text."""
-    modules = [core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf]
+    modules = [core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf_attention]
     parts = []
     for module in modules:
         parts.append(f"# ---- {module.__name__} " + "-" * max(0, 80 - len(module.__name__)))
@@ -128,7 +120,7 @@ def write_remote_code(save_directory, base_model_type, config_class_name, versio
     autos = auto_classes(base_model_type)
     class_names = sorted(set(autos.values()))
     text = modeling_source(base_model_type, config_class_name, class_names, version)
-    from ..io import atomic_write_text
+    from ...io import atomic_write_text
 
     atomic_write_text(Path(save_directory) / MODELING_FILE, text)
     auto_map = {"AutoConfig": "modeling_linearize.LinearizeConfig"}

@@ -1,0 +1,174 @@
+"""The Hugging Face backend: transformers encoders, patched through the attention-function registry.
+
+The registry patch itself (``hf_attention.py``) is bundled into every saved model's remote code; this
+module holds what only linearize needs: the converted class, its ``save_pretrained`` and ``load``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from ...errors import LinearizeError
+from ...io import atomic_write_json
+from ..loading import check_loading_info, check_weights, read_linearize_block
+from . import hf_attention
+from . import hf_remote_code as remote_code
+
+_SUBCLASSES = {}
+
+
+def _version():
+    from ... import __version__
+
+    return __version__
+
+
+def _own_config(model):
+    """Give the model a private copy of its config: conversion writes to it, and a config
+    object shared with other models (``from_config(c)`` twice) must not convert them too."""
+    old = model.config
+    new = copy.deepcopy(old)
+    for module in model.modules():
+        if getattr(module, "config", None) is old:
+            module.config = new
+
+
+def _register_output_recording(model):
+    """transformers keys ``output_attentions`` capture on the class name (set in ``__init__``,
+    which a class swapped in place never ran): register the new class like the old one."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # pragma: no cover - older/newer transformers without the registry
+        return
+    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
+
+
+class HFBackend:
+    name = "hf"
+
+    def matches(self, model):
+        from transformers import PreTrainedModel
+
+        return isinstance(model, PreTrainedModel)
+
+    def attention_modules(self, model):
+        modules = hf_attention.attention_modules(model)
+        if getattr(model.config, "is_decoder", False):
+            raise LinearizeError("linearize converts bidirectional encoders; this model is configured as a decoder")
+        return modules
+
+    def record(self, model, source):
+        return {"source": source or getattr(model.config, "_name_or_path", None) or None,
+                "base_model_type": model.config.model_type, "architecture": type(model).__name__,
+                "previous_attn_implementation": model.config._attn_implementation}
+
+    def attach(self, model, method, layers, options, block):
+        _own_config(model)
+        head_dim, num_heads = hf_attention.head_geometry(model.config)
+        hf_attention.register_attention_backend()
+        hf_attention.attach_feature_maps(self.attention_modules(model), method, set(layers), options, head_dim,
+                                         num_heads)
+        model.config.linearize = block
+        model.set_attn_implementation(hf_attention.ATTENTION_IMPLEMENTATION)
+        model.__class__ = linearized_hf_class(type(model))
+        _register_output_recording(model)
+
+    def detach(self, model):
+        block = getattr(model.config, "linearize", None)
+        for _, module in hf_attention.attention_modules(model):
+            if hasattr(module, "linearize_map"):
+                del module.linearize_map
+        model.__class__ = getattr(type(model), "_linearize_base", type(model))
+        if block is not None:
+            del model.config.linearize
+            model.set_attn_implementation(block.get("previous_attn_implementation") or "sdpa")
+
+    def save(self, model, directory):
+        model.save_pretrained(directory)
+
+    def load(self, directory, data, block, **kwargs):
+        import transformers
+
+        config = base_config(directory)
+        base = getattr(transformers, block["architecture"], None)
+        if base is None:
+            raise LinearizeError(f"transformers {transformers.__version__} has no class {block['architecture']!r}; "
+                                 "upgrade transformers")
+        check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True,
+                                                                output_loading_info=True, **kwargs)
+        check_loading_info(directory, info)
+        model.eval()
+        return (model, info) if want_info else model
+
+
+def linearized_hf_class(base):
+    """A subclass of a transformers model class that rebuilds its linear attention from
+    ``config.linearize`` on construction (so ``from_pretrained`` restores it) and saves the
+    remote code with the weights."""
+    if base not in _SUBCLASSES:
+        def __init__(self, config, *args, **kwargs):
+            base.__init__(self, config, *args, **kwargs)
+            block = getattr(config, "linearize", None)
+            if block is not None:
+                hf_attention.apply_linearize_config(self, block)
+
+        _SUBCLASSES[base] = type(remote_code.remote_class_name(base.__name__), (base,), {
+            "__init__": __init__, "save_pretrained": _save_pretrained, "_linearize_base": base,
+            "__module__": __name__})
+    return _SUBCLASSES[base]
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    """``save_pretrained`` plus the ``linearize`` config block, own model type and remote code."""
+    base = type(self)._linearize_base
+    # Weights are written under the model's own (transformers 5.x) parameter names, never reverted
+    # to a legacy layout: transformers 5.x renames legacy ViT/DeiT/Dinov2 keys on load through a
+    # conversion mapping keyed by the *native* class name, and writes them back under the legacy
+    # names on save. A converted folder loads as ``Linearize<Class>`` (linearize.load) or as custom
+    # code (trust_remote_code), and neither gets that mapping, so legacy names would come back as
+    # UNEXPECTED and the attention projections as MISSING (randomly initialised). Current names load
+    # with or without a mapping (its patterns match only legacy names). Older-format tools gain
+    # nothing from the legacy layout: a converted folder needs transformers 5.x to run at all.
+    kwargs.setdefault("save_original_format", False)
+    base.save_pretrained(self, save_directory, *args, **kwargs)
+    block = self.config.linearize
+    auto_map = remote_code.write_remote_code(save_directory, block["base_model_type"],
+                                             type(self.config).__name__, _version())
+    path = Path(save_directory) / "config.json"
+    data = json.loads(path.read_text())
+    data["model_type"] = remote_code.model_type_for(block["base_model_type"])
+    data["architectures"] = [remote_code.remote_class_name(base.__name__)]
+    data["auto_map"] = auto_map
+    data["linearize"] = block
+    atomic_write_json(path, data)
+
+
+def base_config(directory):
+    """The source architecture's own config class for a saved converted model (no remote code)."""
+    import transformers
+
+    data, block = read_linearize_block(directory)
+    config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
+    config = transformers.AutoConfig.for_model(block["base_model_type"], **config_dict)
+    config.linearize = block
+    return config
+
+
+def load_processor(directory):
+    """The tokenizer or image processor saved with a converted model, or None.
+
+    The base config is handed over so transformers does not ask to run the folder's remote code
+    just to learn which tokenizer class to build."""
+    import transformers
+
+    config = base_config(directory)
+    for auto in (transformers.AutoTokenizer, transformers.AutoImageProcessor):
+        try:
+            return auto.from_pretrained(directory, config=config)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None
