@@ -21,6 +21,7 @@ from linearize.errors import LinearizeError
 from linearize.finetune import FinetuneConfig, finetune
 from linearize.finetune import stage2 as stage2_module
 from linearize.pipeline import distill_model, finetune_model
+from linearize.training import loop as training_loop
 from tiny_models import SMALL, VOCAB, build, inputs, save_tiny_text_classifier
 
 runner = CliRunner()
@@ -279,8 +280,8 @@ def _jsonl(path):
 
 
 def test_metrics_jsonl_logs_every_step_with_throughput(tmp_path, monkeypatch):
-    monkeypatch.setattr(stage1_module, "_progress", _RecordingBar)
-    monkeypatch.setattr(stage2_module, "_progress", _RecordingBar)
+    monkeypatch.setattr(training_loop, "ProgressBar", _RecordingBar)  # both stages' training bars
+    monkeypatch.setattr(stage2_module, "ProgressBar", _RecordingBar)  # the dev evaluations' bars
     distill(_student(), _loader(), DistillConfig(epochs=1), checkpoint_dir=tmp_path / "s1", log=lambda *a, **k: None)
     entries = _jsonl(tmp_path / "s1" / "metrics.jsonl")
     assert [entry["step"] for entry in entries] == list(range(1, 7))
@@ -356,17 +357,17 @@ def test_stage2_resume_mid_epoch_gives_the_same_weights(tmp_path, monkeypatch, a
     reference = _student()
     expected = finetune(reference, train, _loader(), "sst2", tmp_path / "a", config=config, **quiet)
 
-    original = stage2_module._save_checkpoint
+    original = stage2_module.save_accelerator_checkpoint
 
     def crash_after_step_8(accelerator, output_dir, meta):
         original(accelerator, output_dir, meta)
         if meta["step"] == 8:
             raise KeyboardInterrupt("simulated kill")
 
-    monkeypatch.setattr(stage2_module, "_save_checkpoint", crash_after_step_8)
+    monkeypatch.setattr(stage2_module, "save_accelerator_checkpoint", crash_after_step_8)
     with pytest.raises(KeyboardInterrupt):
         finetune(_student(), train, _loader(), "sst2", tmp_path / "b", config=config, **quiet)
-    monkeypatch.setattr(stage2_module, "_save_checkpoint", original)
+    monkeypatch.setattr(stage2_module, "save_accelerator_checkpoint", original)
     saved = json.loads((tmp_path / "b" / "progress.json").read_text())
     assert (saved["epoch"], saved["step"], saved["epoch_step"]) == (1, 8, 2)
     assert [p.name for p in (tmp_path / "b").iterdir() if "state" in p.name] == [saved["state"]]
@@ -518,3 +519,28 @@ def test_stage1_that_raises_the_attention_kl_is_flagged():
     assert stage1_module.stage1_warning("luna", before, {"0": {"kl": float("nan")}}) is None
     at_teacher = {"0": {"kl": 0.0}}
     assert stage1_module.stage1_warning("luna", at_teacher, at_teacher) is None
+
+
+def test_micro_batches_group_an_epoch_into_optimizer_steps():
+    """12 micro-batches with k=5: steps of 5, 5 and 2 (each scaled by its own size); a resumed
+    epoch starts after its done steps without loading them."""
+    from linearize.training import make_accelerator, micro_batches
+
+    accelerator = make_accelerator()
+    loader = DataLoader(list(range(12)), batch_size=1)
+    grouped = [(int(batch), window, boundary) for batch, window, boundary in micro_batches(accelerator, loader, 5)]
+    assert [window for _, window, _ in grouped] == [5] * 10 + [2] * 2
+    assert [batch for batch, _, boundary in grouped if boundary] == [4, 9, 11]
+    assert [int(batch) for batch, _, _ in micro_batches(accelerator, loader, 5, done_steps=2)] == [10, 11]
+
+
+def test_a_resumed_metrics_log_forgets_the_steps_after_the_checkpoint(tmp_path):
+    from linearize.training import append_jsonl, truncate_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    for step in range(1, 6):
+        append_jsonl(path, {"step": step, "loss": 1.0 / step})
+    truncate_jsonl(path, 3)
+    assert [entry["step"] for entry in _jsonl(path)] == [1, 2, 3]
+    append_jsonl(None, {"step": 4})  # not the main process: nothing is written
+    assert len(_jsonl(path)) == 3

@@ -9,17 +9,15 @@ path for the loss. Each layer's loss is back-propagated inside the forward pass 
 is computed (the feature maps of one layer only affect that layer's loss), so at most one
 layer's N×N maps are alive at a time.
 
-Built on ``accelerate``: one CPU, one GPU, or many processes (``accelerate launch``). The model
-itself is not wrapped for data parallelism (its graph ends inside each layer); the feature-map
-gradients are averaged across processes by hand before each optimizer step. With gradient
-accumulation the gradients of ``k`` micro-batches (each loss scaled by ``1/k``) add up before
-one optimizer step; ``step`` always counts optimizer steps.
+Trained by :class:`linearize.training.Trainer` on ``accelerate``: one CPU, one GPU, or many
+processes (``accelerate launch``). The model itself is not wrapped for data parallelism (its
+graph ends inside each layer); the feature-map gradients are averaged across processes by hand
+before each optimizer step. With gradient accumulation the gradients of ``k`` micro-batches (each
+loss scaled by ``1/k``) add up before one optimizer step; ``step`` always counts optimizer steps.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -29,7 +27,7 @@ import torch
 
 from ..attention.core import linear_attention_weights, softmax_attention_weights
 from ..convert.api import feature_maps_of
-from ..errors import LinearizeError
+from ..training import Trainer, atomic_torch_save, clear_checkpoint, make_accelerator
 from .losses import attention_cross_entropy, attention_entropy, output_mse
 
 
@@ -154,17 +152,7 @@ def stage1_warning(method, before, after):
             "teacher's attention; try a lower --lr, more epochs, or another method")
 
 
-def _scheduler(name, optimizer, warmup, total):
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup, \
-        get_linear_schedule_with_warmup
-
-    if name == "cosine":
-        return get_cosine_schedule_with_warmup(optimizer, warmup, total)
-    if name == "linear":
-        return get_linear_schedule_with_warmup(optimizer, warmup, total)
-    if name == "constant":
-        return get_constant_schedule_with_warmup(optimizer, warmup)
-    raise ValueError(f"unknown scheduler {name!r}; valid: cosine, linear, constant")
+STATE_FILE = "stage1_state.pt"  # the resumable checkpoint in ``checkpoint_dir``
 
 
 def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=None, checkpoint_dir=None,
@@ -201,82 +189,13 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     for p in params:
         p.requires_grad_(True)
     before = attention_distances(model, eval_loader, eval_batches, accelerator.device)
-
-    loader = accelerator.prepare(train_loader)  # this process's share of the batches
-    accumulation = max(1, config.gradient_accumulation_steps)
-    steps_per_epoch = math.ceil(len(loader) / accumulation)
-    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    # not passed to prepare(): accelerate would step it once per process at every step
-    scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
-    optimizer = accelerator.prepare(optimizer)
-
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-    state_path = checkpoint_dir / "stage1_state.pt" if checkpoint_dir else None
-    metrics_path = checkpoint_dir / "metrics.jsonl" if checkpoint_dir and accelerator.is_main_process else None
-    if state_path is not None and not resume:
-        _clear(accelerator, [state_path, checkpoint_dir / "metrics.jsonl"], log)
-    step, history, elapsed = 0, [], 0.0
-    if state_path is not None and state_path.is_file():
-        state = torch.load(state_path, map_location=accelerator.device, weights_only=False)
-        for index, fm in maps.items():
-            fm.load_state_dict(state["maps"][index])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, history, elapsed = state["step"], state["history"], state["seconds"]
-        log(f"stage 1 resumed at step {step}/{total} from {state_path}")
-    _truncate_jsonl(metrics_path, step)  # lines of steps a killed run logged after its last checkpoint
-
-    recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
-                               backward=accelerator.backward)
-    model.eval()  # dropout off: the teacher rows must be exact
-    start = time.perf_counter() - elapsed
-    speed = _Throughput(accelerator.num_processes)
-    bar = _progress(total, step, "stage 1: attention distillation", progress and accelerator.is_main_process)
-    with distillation_mode(model, recorder):
-        while step < total:
-            epoch, done = divmod(step, steps_per_epoch)
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(epoch)
-            for batch, window, boundary in _micro_batches(accelerator, loader, accumulation, done):
-                # each layer's loss is back-propagated inside the forward pass: scale it there
-                recorder.loss_scale = 1.0 / (len(maps) * window)
-                with accelerator.autocast():
-                    model(**model_inputs(batch))
-                speed.add(batch)
-                if not boundary:
-                    continue
-                layers = recorder.per_layer()  # means over the step's micro-batches
-                loss, kl = _mean_over_processes(accelerator, [sum(v[key] for v in layers.values()) / len(layers)
-                                                              for key in ("ce", "kl")])
-                if not math.isfinite(loss):
-                    bar.close()
-                    raise LinearizeError(f"stage 1: the attention loss is {loss} at step {step + 1}; stopped before "
-                                         "applying it (the last good checkpoint is kept): lower --lr")
-                if accelerator.num_processes > 1:
-                    for p in params:
-                        if p.grad is not None:
-                            p.grad = accelerator.reduce(p.grad, reduction="mean")
-                if config.max_grad_norm:
-                    accelerator.clip_grad_norm_(params, config.max_grad_norm)  # unscales fp16 gradients first
-                optimizer.step()
-                if not optimizer.step_was_skipped:  # fp16: the scaler skipped a step with inf/NaN gradients
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                recorder.reset()
-                step += 1
-                history.append({"step": step, "ce": loss, "kl": kl, "lr": scheduler.get_last_lr()[0],
-                                "examples_per_second": speed.rate()})
-                _append_jsonl(metrics_path, history[-1])
-                bar.update(step, f"CE {loss:.3f} KL {kl:.3f} · {speed.rate():.1f} ex/s")
-                if state_path is not None and (step == total or config.checkpoint_every
-                                               and step % config.checkpoint_every == 0):
-                    _save_state(state_path, maps, optimizer, scheduler, step, history,
-                                time.perf_counter() - start, accelerator)
-                if step >= total:
-                    break
-    bar.close()
-    seconds = time.perf_counter() - start
+    trainer = Trainer(accelerator, train_loader, config, loss_name="stage 1: the attention loss")
+    trainer.prepare(torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay))
+    state_path = Path(checkpoint_dir) / STATE_FILE if checkpoint_dir else None
+    step, history, seconds = _resume(trainer, maps, state_path, resume, log)
+    trainer.begin(step, seconds, "stage 1: attention distillation", progress, checkpoint_dir)
+    step = _train_feature_maps(model, maps, params, trainer, state_path, step, history)
+    seconds = trainer.seconds
     for p in model.parameters():
         p.requires_grad_(True)
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
@@ -287,140 +206,61 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
             "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
 
 
-def _micro_batches(accelerator, loader, accumulation, done_steps=0):
-    """One epoch of ``loader`` grouped into optimizer steps of ``accumulation`` micro-batches,
-    starting after ``done_steps`` steps (a resumed run skips them without loading them).
-
-    Yields ``(batch, window, boundary)``: ``window`` is the number of micro-batches of this
-    batch's step (``accumulation``; fewer for the epoch's last step when it does not divide the
-    epoch), so a loss scaled by ``1 / window`` sums to the step's mean; ``boundary`` is true on
-    the step's last micro-batch (time for the optimizer step).
-    """
-    count, first = len(loader), done_steps * accumulation
-    batches = accelerator.skip_first_batches(loader, first) if first else loader
-    for index, batch in enumerate(batches, first):
-        window_start = index - index % accumulation
-        window = min(accumulation, count - window_start)
-        yield batch, window, index + 1 == window_start + window
-
-
-def _mean_over_processes(accelerator, values):
-    """``values`` (floats) averaged over all processes (as they are with one process)."""
-    if accelerator.num_processes == 1:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
-    return accelerator.reduce(tensor, reduction="mean").tolist()
+def _resume(trainer, maps, state_path, resume, log):
+    """``(step, history, seconds)`` of the stage-1 checkpoint at ``state_path``, whose maps,
+    optimizer and schedule are loaded; ``(0, [], 0.0)`` without one (``resume=False``: the
+    checkpoint and its ``metrics.jsonl`` are deleted first)."""
+    if state_path is not None and not resume:
+        clear_checkpoint(trainer.accelerator, [state_path, state_path.parent / "metrics.jsonl"], log)
+    if state_path is None or not state_path.is_file():
+        return 0, [], 0.0
+    state = torch.load(state_path, map_location=trainer.accelerator.device, weights_only=False)
+    for index, fm in maps.items():
+        fm.load_state_dict(state["maps"][index])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    log(f"stage 1 resumed at step {state['step']}/{trainer.total} from {state_path}")
+    return state["step"], state["history"], state["seconds"]
 
 
-class _Throughput:
-    """Training examples per second (all processes together) since this run or resumption started."""
-
-    def __init__(self, num_processes=1):
-        self.num_processes = num_processes
-        self.examples = 0
-        self.start = time.perf_counter()
-
-    def add(self, batch):
-        """Count one micro-batch of this process (its leading tensor dimension)."""
-        first = next((v for v in batch.values() if torch.is_tensor(v)), None)
-        self.examples += (first.shape[0] if first is not None and first.ndim else 0) * self.num_processes
-
-    def rate(self):
-        return self.examples / max(time.perf_counter() - self.start, 1e-9)
-
-
-def _clear(accelerator, paths, log):
-    """Delete earlier checkpoint files or folders (``resume=False``) on the main process; all wait."""
-    import shutil
-
-    existing = [Path(p) for p in paths if Path(p).exists()]
-    if existing and accelerator.is_main_process:
-        for path in existing:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        log(f"not resuming: removed the earlier checkpoint in {existing[0].parent}")
-    accelerator.wait_for_everyone()
-
-
-def _truncate_jsonl(path, step):
-    """Keep only the ``metrics.jsonl`` lines of steps ``<= step`` (a resumed run logs the rest again)."""
-    if path is None or not path.is_file():
-        return
-    import json
-
-    from ..io import atomic_write_text
-
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
-    if len(kept) != len(lines):
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
-def _append_jsonl(path, entry):
-    """One line per logged step (``metrics.jsonl``): the full log of a run."""
-    if path is None:
-        return
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(entry) + "\n")
-
-
-def make_accelerator(mixed_precision="no", seed=0):
-    """An ``Accelerator`` whose shuffling depends only on (seed, epoch): a resumed run sees
-    exactly the batches an uninterrupted one would.
-
-    Launched as several processes (``torchrun``, ``accelerate launch``) on a machine without an
-    accelerator device, the processes train together on CPU over gloo (``MULTI_CPU``): accelerate
-    only does that when asked (``cpu=True``); otherwise every process would train alone.
-    """
-    import os
-
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
-
-    has_device = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    if mixed_precision == "fp16" and not has_device:
-        raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
-                             "use bf16 or no")
-    cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_device
-    return Accelerator(mixed_precision=mixed_precision, cpu=cpu_processes,
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
+def _train_feature_maps(model, maps, params, trainer, state_path, step, history):
+    """Stage 1's optimizer steps from ``step`` on (``history`` gains one entry per step), with a
+    checkpoint at ``state_path`` every ``checkpoint_every`` steps and at the end; returns the
+    last step."""
+    config, accelerator = trainer.config, trainer.accelerator
+    recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
+                               backward=accelerator.backward)
+    model.eval()  # dropout off: the teacher rows must be exact
+    with distillation_mode(model, recorder):
+        while step < trainer.total:
+            epoch, done = divmod(step, trainer.steps_per_epoch)
+            for batch, window, boundary in trainer.epoch(epoch, done):
+                # each layer's loss is back-propagated inside the forward pass: scale it there
+                recorder.loss_scale = 1.0 / (len(maps) * window)
+                with accelerator.autocast():
+                    model(**model_inputs(batch))
+                if not boundary:
+                    continue
+                layers = recorder.per_layer()  # means over the step's micro-batches
+                loss, kl = trainer.finish_step([sum(v[key] for v in layers.values()) / len(layers)
+                                                for key in ("ce", "kl")], step + 1, params, average=True)
+                recorder.reset()
+                step += 1
+                history.append(trainer.record({"step": step, "ce": loss, "kl": kl}, f"CE {loss:.3f} KL {kl:.3f}"))
+                if state_path is not None and (step == trainer.total or config.checkpoint_every
+                                               and step % config.checkpoint_every == 0):
+                    _save_state(state_path, maps, trainer.optimizer, trainer.scheduler, step, history,
+                                trainer.seconds, accelerator)
+                if step >= trainer.total:
+                    break
+    trainer.close()
+    return step
 
 
 def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):
-    """Write the stage-1 checkpoint (main process) to a temporary file renamed over ``path``: a
-    killed run leaves the previous checkpoint whole."""
-    if not accelerator.is_main_process:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds}, tmp)
-    tmp.replace(path)
-
-
-class _progress:
-    """A rich progress bar (or nothing)."""
-
-    def __init__(self, total, done, description, enabled):
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-                TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
-            self.bar.start()
-            self.task = self.bar.add_task(description, total=total, completed=done, info="")
-
-    def update(self, completed, info=""):
-        if self.bar is not None:
-            self.bar.update(self.task, completed=completed, info=info)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.stop()
+    """Write the stage-1 checkpoint (main process) atomically: a killed run leaves the previous
+    checkpoint whole."""
+    if accelerator.is_main_process:
+        atomic_torch_save({"maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
+                           "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds},
+                          path)

@@ -18,21 +18,16 @@ Recipes (every field overridable):
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import os
-import shutil
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..distill.stage1 import (_Throughput, _append_jsonl, _clear, _mean_over_processes, _micro_batches, _progress,
-                              _scheduler, _truncate_jsonl, make_accelerator)
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
+from ..training import (PROGRESS_FILE, ProgressBar, Trainer, append_jsonl, atomic_torch_save, clear_checkpoint,
+                        load_accelerator_checkpoint, make_accelerator, save_accelerator_checkpoint)
 
 
 @dataclass
@@ -85,7 +80,7 @@ def predict(model, loader, device=None, max_batches=None, description=None):
     device = device or next(model.parameters()).device
     all_logits, all_labels = [], []
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
-    bar = _progress(total, 0, description, description is not None)
+    bar = ProgressBar(total, 0, description, description is not None)
     for step, batch in enumerate(loader):
         if max_batches is not None and step >= max_batches:
             break
@@ -114,6 +109,9 @@ def evaluate(model, loader, task, device=None, max_batches=None, description=Non
     return compute_metrics(task, logits, labels)
 
 
+BEST_FILE = "best.pt"  # the best weights so far (by the dev metric) in ``output_dir``
+
+
 def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
              teacher=None, progress=True, log=print):
     """Fine-tune ``model`` in place on ``train_loader``; select on ``eval_loader`` (the dev split).
@@ -130,164 +128,149 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     """
     from accelerate.utils import set_seed
 
-    from ..metrics import is_regression, primary_metric
+    from ..metrics import primary_metric
 
     config = config or FinetuneConfig()
     accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
     set_seed(config.seed)
     primary = primary_metric(task)
     output_dir = Path(output_dir)
-    best_path, meta_path = output_dir / "best.pt", output_dir / "progress.json"
-    metrics_path = output_dir / "metrics.jsonl" if accelerator.is_main_process else None
+    best_path = output_dir / BEST_FILE
     if not resume:
-        _clear(accelerator, [meta_path, best_path, output_dir / "metrics.jsonl", *output_dir.glob("state*"),
-                             *output_dir.glob(".state*")], log)
-
-    if config.kd_weight and teacher is None:
-        raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
-    if config.kd_weight:
-        teacher.to(accelerator.device).eval()
-        regression = is_regression(task)
+        clear_checkpoint(accelerator, [output_dir / PROGRESS_FILE, best_path, output_dir / "metrics.jsonl",
+                                       *output_dir.glob("state*"), *output_dir.glob(".state*")], log)
+    task_loss = _task_loss(config, task, teacher, accelerator.device)
     for p in model.parameters():
         p.requires_grad_(True)
-    loader = accelerator.prepare(train_loader)  # this process's share of the batches
-    accumulation = max(1, config.gradient_accumulation_steps)
-    steps_per_epoch = math.ceil(len(loader) / accumulation)
-    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
-    epochs = math.ceil(total / steps_per_epoch)
+    trainer = Trainer(accelerator, train_loader, config, loss_name="fine-tuning: the loss",
+                      checkpoint_note=f" in {output_dir}")
+    model = trainer.prepare(_optimizer(model, config), model)
+    accelerator.register_for_checkpointing(trainer.scheduler)
+    run = _FineTuning(model, trainer, task_loss, output_dir, log)
+    trainer.begin(run.meta["step"], run.meta["seconds"], "fine-tuning", progress, output_dir)
+    while run.continues():
+        run.train_epoch()
+        metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, accelerator.device,
+                           description="  dev evaluation" if progress and accelerator.is_main_process else None)
+        run.end_epoch(metrics, primary)
+    trainer.close()
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    if best_path.is_file():
+        unwrapped.load_state_dict(torch.load(best_path, map_location=accelerator.device, weights_only=True))
+    dev = evaluate(unwrapped, eval_loader, task, accelerator.device)
+    meta = run.meta
+    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"], "primary_metric": primary,
+            "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
+            "seconds": trainer.seconds, "resumed": run.resumed, "config": config.to_dict()}
+
+
+def _task_loss(config, task, teacher, device):
+    """``loss(model, batch)``: the model's own task loss; with ``config.kd_weight`` ``a``,
+    ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch."""
+    if config.kd_weight and teacher is None:
+        raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
+    if not config.kd_weight:
+        return lambda model, batch: model(**{k: v for k, v in batch.items() if k != "idx"}).loss
+    from ..metrics import is_regression
+
+    teacher.to(device).eval()
+    regression = is_regression(task)
+
+    def loss(model, batch):
+        outputs = model(**{k: v for k, v in batch.items() if k != "idx"})
+        with torch.no_grad():
+            target = teacher(**{k: v for k, v in batch.items() if k not in ("idx", "labels", "label")}).logits
+        return (1 - config.kd_weight) * outputs.loss + config.kd_weight * logit_distillation(
+            outputs.logits, target, config.kd_temperature, regression)
+
+    return loss
+
+
+def _optimizer(model, config):
+    """AdamW with ``config.weight_decay`` on the weight matrices and none on biases and norms."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
-    # not passed to prepare(): accelerate would step it once per process at every step
-    scheduler = _scheduler(config.scheduler, optimizer, int(config.warmup_ratio * total), total)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
 
-    # epoch = finished epochs; epoch_step and running = optimizer steps and their loss sum in the current one
-    meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
-            "stale": 0, "history": [], "seconds": 0.0, "state": None}
-    saved = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    resumed = saved is not None and (output_dir / (saved.get("state") or "state")).is_dir()
-    if resumed:
-        meta.update(saved)
-        accelerator.load_state(str(output_dir / (meta["state"] or "state")))  # "state": folders of older versions
-        log(f"stage 2 resumed at step {meta['step']}/{total} (epoch {meta['epoch'] + 1}) from {output_dir}")
-    _truncate_jsonl(metrics_path, meta["step"])  # lines of steps a killed run logged after its last checkpoint
-    start = time.perf_counter() - meta["seconds"]
-    bar = _progress(total, meta["step"], "fine-tuning", progress and accelerator.is_main_process)
-    device = accelerator.device
-    while meta["epoch"] < epochs and meta["step"] < total and not (config.patience and meta["stale"] >= config.patience):
-        model.train()
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(meta["epoch"])
-        speed, step_loss = _Throughput(accelerator.num_processes), 0.0
-        for batch, window, boundary in _micro_batches(accelerator, loader, accumulation, meta["epoch_step"]):
+
+class _FineTuning:
+    """One fine-tuning run between its optimizer steps: the prepared ``model``, its ``trainer``
+    and ``meta``, the run's own resumable progress, saved in ``progress.json`` with every
+    checkpoint (``epoch``: finished epochs; ``epoch_step`` and ``running``: the optimizer steps
+    and their loss sum in the current one; ``stale``: epochs since the dev metric last improved).
+    Built from the checkpoint in ``output_dir`` when there is one (``resumed``)."""
+
+    def __init__(self, model, trainer, task_loss, output_dir, log):
+        self.model, self.trainer, self.task_loss, self.output_dir, self.log = model, trainer, task_loss, output_dir, log
+        self.meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
+                     "stale": 0, "history": [], "seconds": 0.0, "state": None}
+        saved = load_accelerator_checkpoint(trainer.accelerator, output_dir)
+        self.resumed = saved is not None
+        if self.resumed:
+            self.meta.update(saved)
+            log(f"stage 2 resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
+                f"from {output_dir}")
+
+    def continues(self):
+        """Steps and epochs are left and early stopping (``patience``) has not struck."""
+        meta, trainer, patience = self.meta, self.trainer, self.trainer.config.patience
+        return meta["epoch"] < trainer.epochs and meta["step"] < trainer.total and \
+            not (patience and meta["stale"] >= patience)
+
+    def train_epoch(self):
+        """The current epoch's optimizer steps from ``meta["epoch_step"]`` on, with a checkpoint every
+        ``checkpoint_every`` steps (the epoch's last step is saved by :meth:`end_epoch`)."""
+        meta, trainer, accelerator = self.meta, self.trainer, self.trainer.accelerator
+        self.model.train()
+        trainer.speed.restart()  # stage 2 reports each epoch's throughput
+        step_loss = 0.0
+        for batch, window, boundary in trainer.epoch(meta["epoch"], meta["epoch_step"]):
             # gradients are only all-reduced (several processes) on the step's last micro-batch
-            with contextlib.nullcontext() if boundary else accelerator.no_sync(model):
+            with contextlib.nullcontext() if boundary else accelerator.no_sync(self.model):
                 with accelerator.autocast():
-                    outputs = model(**{k: v for k, v in batch.items() if k != "idx"})
-                    loss = outputs.loss
-                    if config.kd_weight:
-                        with torch.no_grad():
-                            target = teacher(**{k: v for k, v in batch.items()
-                                                if k not in ("idx", "labels", "label")}).logits
-                        loss = (1 - config.kd_weight) * loss + config.kd_weight * logit_distillation(
-                            outputs.logits, target, config.kd_temperature, regression)
+                    loss = self.task_loss(self.model, batch)
                 accelerator.backward(loss / window)
             step_loss += loss.item() / window
-            speed.add(batch)
             if not boundary:
                 continue
-            (step_loss,) = _mean_over_processes(accelerator, [step_loss])
-            if not math.isfinite(step_loss):
-                bar.close()
-                raise LinearizeError(f"fine-tuning: the loss is {step_loss} at step {meta['step'] + 1}; stopped "
-                                     f"before applying it (the last good checkpoint is kept in {output_dir}): "
-                                     "lower --lr")
-            if config.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            if not optimizer.step_was_skipped:  # fp16: the scaler skipped a step with inf/NaN gradients
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            (step_loss,) = trainer.finish_step([step_loss], meta["step"] + 1, self.model.parameters())
             meta["step"] += 1
             meta["epoch_step"] += 1
             meta["running"] += step_loss
-            _append_jsonl(metrics_path, {"step": meta["step"], "epoch": meta["epoch"] + 1, "loss": step_loss,
-                                         "lr": scheduler.get_last_lr()[0], "examples_per_second": speed.rate()})
-            bar.update(meta["step"], f"epoch {meta['epoch'] + 1} loss {meta['running'] / meta['epoch_step']:.4f}"
-                                     f" · {speed.rate():.1f} ex/s")
+            trainer.record({"step": meta["step"], "epoch": meta["epoch"] + 1, "loss": step_loss},
+                           f"epoch {meta['epoch'] + 1} loss {meta['running'] / meta['epoch_step']:.4f}")
             step_loss = 0.0
-            if meta["step"] >= total:
+            if meta["step"] >= trainer.total:
                 break
-            if config.checkpoint_every and meta["step"] % config.checkpoint_every == 0 \
-                    and meta["epoch_step"] < steps_per_epoch:  # the epoch's last step is saved below
-                meta["seconds"] = time.perf_counter() - start
-                _save_checkpoint(accelerator, output_dir, meta)
+            if trainer.config.checkpoint_every and meta["step"] % trainer.config.checkpoint_every == 0 \
+                    and meta["epoch_step"] < trainer.steps_per_epoch:
+                self.save()
+
+    def end_epoch(self, metrics, primary):
+        """Close the epoch on its dev ``metrics``: log it, keep the weights (``best.pt``) when
+        the ``primary`` metric improved, and save a checkpoint."""
+        meta, trainer, accelerator = self.meta, self.trainer, self.trainer.accelerator
         meta["epoch"] += 1
-        metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, device,
-                           description="  dev evaluation" if progress and accelerator.is_main_process else None)
         entry = {"epoch": meta["epoch"], "step": meta["step"],
-                 "train_loss": meta["running"] / max(meta["epoch_step"], 1), "lr": scheduler.get_last_lr()[0],
-                 "examples_per_second": speed.rate(), **{f"dev_{k}": v for k, v in metrics.items()}}
+                 "train_loss": meta["running"] / max(meta["epoch_step"], 1), "lr": trainer.lr,
+                 "examples_per_second": trainer.speed.rate(), **{f"dev_{k}": v for k, v in metrics.items()}}
         meta["history"].append(entry)
         meta.update(epoch_step=0, running=0.0)
-        _append_jsonl(metrics_path, entry)
+        append_jsonl(trainer.metrics_path, entry)
         score = metrics[primary]
         if meta["best_metric"] is None or score > meta["best_metric"]:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
             if accelerator.is_main_process:
-                _atomic_torch_save(accelerator.unwrap_model(model).state_dict(), best_path)
+                atomic_torch_save(accelerator.unwrap_model(self.model).state_dict(), self.output_dir / BEST_FILE)
         else:
             meta["stale"] += 1
-        meta["seconds"] = time.perf_counter() - start
-        _save_checkpoint(accelerator, output_dir, meta)
-        log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
-            f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
-    bar.close()
-    accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    if best_path.is_file():
-        unwrapped.load_state_dict(torch.load(best_path, map_location=device, weights_only=True))
-    dev = evaluate(unwrapped, eval_loader, task, device)
-    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"], "primary_metric": primary,
-            "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
-            "seconds": time.perf_counter() - start, "resumed": resumed, "config": config.to_dict()}
+        self.save()
+        self.log(f"epoch {meta['epoch']}: train loss {entry['train_loss']:.4f}, dev {primary} {score:.4f}"
+                 f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
 
-
-def _save_checkpoint(accelerator, output_dir, meta):
-    """Save the resumable state atomically (every process takes part).
-
-    ``accelerator.save_state`` fills a temporary folder, which is renamed to
-    ``state-<epoch>-<step>``; then ``progress.json`` (``meta``), replaced atomically, names it: that
-    is the commit point. Older state folders are removed last, so a run killed at any moment
-    leaves a ``progress.json`` naming a complete state.
-    """
-    from ..io import atomic_write_json
-
-    name = f"state-{meta['epoch']}-{meta['step']}"
-    tmp, final = output_dir / f".{name}.tmp", output_dir / name
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while saving
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    meta["state"] = name
-    if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)  # renamed but never committed by a killed run
-        os.replace(tmp, final)
-        atomic_write_json(output_dir / "progress.json", meta)
-        for old in [*output_dir.glob("state*"), *output_dir.glob(".state*")]:
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-
-
-def _atomic_torch_save(obj, path):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    def save(self):
+        self.meta["seconds"] = self.trainer.seconds
+        save_accelerator_checkpoint(self.trainer.accelerator, self.output_dir, self.meta)
