@@ -79,10 +79,9 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     so an interrupted compare continues where it stopped. ``table_only``: run nothing, build the
     table from the runs that are finished (the rest are listed in ``missing``).
     """
-    import json
-
     from .errors import LinearizeError
     from .recipes import merge
+    from .report import REPORT_JSON, load_report
 
     out_dir = Path(out_dir)
     methods = methods or DEFAULT_METHODS
@@ -101,10 +100,10 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
                 folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
                                                     + (f"--{slug(name)}" if name else ""))
                 if table_only:
-                    if not (folder / "report.json").is_file():
+                    if not (folder / REPORT_JSON).is_file():
                         missing.append(f"seed {seed}: {row}")
                         continue
-                    results.setdefault(row, []).append(json.loads((folder / "report.json").read_text()))
+                    results.setdefault(row, []).append(load_report(folder))
                     continue
                 log(f"== seed {seed}: {row} -> {folder}")
                 report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
@@ -130,34 +129,30 @@ def _mean_std(values):
 
 
 def summarize(results):
-    """Aggregate the reports of every row over seeds."""
+    """Aggregate the reports (:class:`~linearize.report.Report`) of every row over seeds: the
+    mean ± std of the primary metric and of each run's recovery on the report split."""
     first = next(iter(results.values()))[0]
-    metric = first["task"]["primary_metric"]
-    split = first["recovery"]["split"]
-    rows = []
-    teacher_scores = [r["scores"]["teacher"][split][metric] for reports in results.values() for r in reports[:1]]
-    teacher_by_seed = {r["seeds"]["seed"]: r["scores"]["teacher"][split][metric]
-                       for reports in results.values() for r in reports}
+    metric, split = first.task.primary_metric, first.split
+    teacher_scores = [r.scores_of("teacher")[metric] for reports in results.values() for r in reports[:1]]
+    teacher_by_seed = {r.seeds["seed"]: r.scores_of("teacher")[metric] for reports in results.values() for r in reports}
     mean, std = _mean_std(list(teacher_by_seed.values()) or teacher_scores)
-    rows.append({"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
-                 "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None, "seeds": len(
-                     teacher_by_seed)})
+    rows = [{"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
+             "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None,
+             "seeds": len(teacher_by_seed)}]
     for label, reports in results.items():
-        metric_mean, metric_std = _mean_std([r["scores"]["student"][split][metric] for r in reports])
-        rec_mean, rec_std = _mean_std([r["recovery"]["per_metric"].get(metric) for r in reports])
-        kl_mean, _ = _mean_std([r["attention"]["mean_kl_after"] for r in reports])
-        latency, _ = _mean_std([r["latency"]["student_ms"] for r in reports])
-        teacher_latency, _ = _mean_std([r["latency"]["teacher_ms"] for r in reports])
+        metric_mean, metric_std = _mean_std([r.scores_of("student")[metric] for r in reports])
+        rec_mean, rec_std = _mean_std([r.recovery().per_metric.get(metric) for r in reports])
         rows.append({"row": label, "metric_mean": metric_mean, "metric_std": metric_std, "recovery_mean": rec_mean,
-                     "recovery_std": rec_std, "parameters_added": reports[0]["model"]["parameters_added"],
-                     "parameters_added_percent": reports[0]["model"]["parameters_added_percent"],
-                     "kl_mean": kl_mean, "latency_ms": latency, "teacher_latency_ms": teacher_latency,
-                     "seconds_mean": _mean_std([r["timing"]["stage1_seconds"] + r["timing"]["stage2_seconds"]
+                     "recovery_std": rec_std, "parameters_added": reports[0].model.parameters_added,
+                     "parameters_added_percent": reports[0].model.parameters_added_percent,
+                     "kl_mean": _mean_std([r.attention.mean_kl_after for r in reports])[0],
+                     "latency_ms": _mean_std([r.latency.student_ms for r in reports])[0],
+                     "teacher_latency_ms": _mean_std([r.latency.teacher_ms for r in reports])[0],
+                     "seconds_mean": _mean_std([r.timing.stage1_seconds + r.timing.stage2_seconds
                                                 for r in reports])[0],
                      "seeds": len(reports)})
-    return {"task": first["task"]["name"], "model": first["model"]["source"], "metric": metric, "split": split,
-            "latency_seq_len": first["latency"]["seq_len"], "rows": rows,
-            "recipe": first["recipe"]["name"]}
+    return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
+            "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe["name"]}
 
 
 def render(table):

@@ -24,13 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .attention import FeatureMap
 from .convert import convert, feature_maps_of, linearize_config, revert
 from .distill import DistillConfig, attention_distances, distill
 from .errors import LinearizeError
 from .finetune import FinetuneConfig, evaluate, finetune
 from .io import atomic_dir, atomic_write_json
-
-REPORT_SCHEMA_VERSION = 1
+from .report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, StageResult, TaskInfo, Timing,
+                     copy_report, save_report)
 
 
 # ---- models -----------------------------------------------------------------------------------------
@@ -140,13 +141,6 @@ def scores(model, loaders, spec, splits, progress=False):
             for split in splits if split in loaders}
 
 
-def recovery(teacher, student):
-    """Student ÷ teacher × 100 per metric and averaged (LUNA Table 2)."""
-    per_metric = {k: 100.0 * student[k] / teacher[k] for k in teacher if k in student and teacher[k]}
-    average = float(np.mean(list(per_metric.values()))) if per_metric else None
-    return per_metric, average
-
-
 @torch.no_grad()
 def latency(teacher, student, batch, repeats=10):
     """Median forward time (ms) of teacher and student on the same batch, interleaved."""
@@ -180,16 +174,17 @@ def latency_batch(recipe, spec, loader, model=None):
 
 
 @torch.no_grad()
-def luna_channels(student, loader, max_samples=20000):
-    """LUNA Fig. 3 data: ψ_ℓ(u) on a grid over the empirical range of u = wᵢᵀx + bᵢ, with its histogram,
-    for the first and last converted layer."""
+def luna_channels(student, loader):
+    """The figure data of the first and last converted layer's feature map on one batch
+    (:meth:`FeatureMap.probe`; LUNA's is its Fig. 3: ψ_ℓ(u) over the empirical u), or ``[]``
+    when the method has none."""
     maps = feature_maps_of(student)
-    if not maps or next(iter(maps.values())).name != "luna":
+    chosen = sorted({min(maps), max(maps)}) if maps else []
+    if all(type(maps[i]).probe is FeatureMap.probe for i in chosen):  # no figure: no forward pass either
         return []
-    chosen = sorted({min(maps), max(maps)})
-    samples = {i: [] for i in chosen}
-    hooks = [maps[i].register_forward_pre_hook(lambda mod, args, kw, i=i: samples[i].append(
-        mod.project(args[0]).flatten().cpu()), with_kwargs=True) for i in chosen]
+    inputs = {i: [] for i in chosen}
+    hooks = [maps[i].register_forward_pre_hook(lambda mod, args, kw, i=i: inputs[i].append(args[0]), with_kwargs=True)
+             for i in chosen]
     batch = next(iter(loader))
     try:
         student.eval()
@@ -197,20 +192,8 @@ def luna_channels(student, loader, max_samples=20000):
     finally:
         for hook in hooks:
             hook.remove()
-    out = []
-    for i in chosen:
-        u = torch.cat(samples[i])
-        if u.numel() > max_samples:
-            u = u[torch.randperm(u.numel(), generator=torch.Generator().manual_seed(0))[:max_samples]]
-        lo, hi = torch.quantile(u, 0.005).item(), torch.quantile(u, 0.995).item()
-        pad = 0.1 * (hi - lo + 1e-6)
-        grid = torch.linspace(lo - pad, hi + pad, 200)
-        fm = maps[i]
-        psi = fm.psi(grid.to(fm.mlp_w1.dtype).to(fm.mlp_w1.device)).float().cpu()
-        counts, edges = np.histogram(u.numpy(), bins=40, range=(lo - pad, hi + pad))
-        out.append({"layer": i, "grid": grid.tolist(), "psi": psi.tolist(), "hist_edges": edges.tolist(),
-                    "hist_counts": counts.tolist()})
-    return out
+    probes = [(i, maps[i].probe(inputs[i])) for i in chosen]
+    return [{"layer": i, **data} for i, data in probes if data is not None]
 
 
 @torch.no_grad()
@@ -517,8 +500,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
                  if stage in reused_stages)
     report = build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split,
                           timing, seq_len, batch, visuals, time.perf_counter() - started + reused)
-    write_run_report(report, out_dir)
-    return report
+    return write_run_report(report, out_dir)
 
 
 def _stage_config(config_class, section, seed):
@@ -532,69 +514,55 @@ def _stage_config(config_class, section, seed):
 
 def build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split, timing,
                  seq_len, batch, visuals, total_seconds):
+    """The run's :class:`~linearize.report.Report`, built once: the report files, ``linearize
+    push``'s model card and ``linearize compare``'s table all read this object. The stage results
+    are :class:`~linearize.report.StageResult` or the dicts the stages return."""
+    teacher, stage1, stage2 = (StageResult.from_dict(r) for r in (teacher_result, stage1_result, stage2_result))
     block = linearize_config(student) or {}
-    teacher_scores = teacher_result["scores"]
-    student_scores = stage2_result["scores"]
-    per_metric, average = recovery(teacher_scores[report_split], student_scores[report_split])
-    s1_metric, s1_average = recovery(teacher_scores[report_split], stage1_result["scores"][report_split])
-    before, after = stage1_result.get("per_layer_before", {}), stage1_result.get("per_layer_after", {})
-    per_layer = []
-    for layer in sorted(after, key=int):
-        b, a = before.get(layer, {}), after[layer]
-        per_layer.append({"layer": int(layer), "ce_before": b.get("ce"), "kl_before": b.get("kl"), "ce_after": a["ce"],
-                          "kl_after": a["kl"], "teacher_entropy": a["teacher_entropy"],
-                          "student_entropy": a["student_entropy"]})
-
-    def mean(key):
-        values = [row[key] for row in per_layer if row[key] is not None]
-        return float(np.mean(values)) if values else None
-
     base = block.get("parameters_base") or 0
     added = block.get("parameters_added") or 0
-    return {
-        "schema": "linearize.report",
-        "schema_version": REPORT_SCHEMA_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "recipe": _comparable(recipe),
-        "task": {"name": spec.name, "kind": spec.kind, "metric_names": list(spec.metric_names),
-                 "primary_metric": spec.primary_metric, "selection_split": "validation", "report_split": report_split,
-                 "num_examples": {split: len(ds) for split, ds in data.items()}},
-        "model": {"source": str(recipe["model"]) if not isinstance(recipe["model"], dict) else "from scratch",
-                  "architecture": block.get("architecture"), "method": block.get("method"),
-                  "options": block.get("options", {}), "layers": block.get("layers"),
-                  "num_attention_layers": block.get("num_attention_layers"), "parameters_base": base,
-                  "parameters_added": added, "parameters_added_percent": 100.0 * added / base if base else 0.0},
-        "scores": {"teacher": teacher_scores, "student_stage1": stage1_result["scores"], "student": student_scores},
-        "recovery": {"split": report_split, "per_metric": per_metric, "average": average,
-                     "stage1_per_metric": s1_metric, "stage1_average": s1_average},
-        "attention": {"per_layer": per_layer, "mean_kl_before": mean("kl_before"), "mean_kl_after": mean("kl_after"),
-                      "stage1_skipped": bool(stage1_result.get("skipped"))},
-        "timing": {"teacher_seconds": teacher_result.get("seconds", 0.0),
-                   "stage1_seconds": stage1_result.get("seconds", 0.0),
-                   "stage2_seconds": stage2_result.get("seconds", 0.0), "total_seconds": total_seconds},
-        "latency": {"seq_len": seq_len, "batch_size": int(next(iter(batch.values())).shape[0]), **timing},
-        "curves": {"teacher": teacher_result.get("history", []), "stage1": stage1_result.get("history", []),
-                   "stage2": stage2_result.get("history", [])},
-        "visuals": visuals,
-        "seeds": {"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]},
-        "environment": environment(),
-        "data_hash": data_hash(data),
-        "figures": [],
-    }
+    model = ModelInfo(source=str(recipe["model"]) if not isinstance(recipe["model"], dict) else "from scratch",
+                      architecture=block.get("architecture"), method=block.get("method"),
+                      options=block.get("options", {}), layers=block.get("layers"),
+                      num_attention_layers=block.get("num_attention_layers"), parameters_base=base,
+                      parameters_added=added, parameters_added_percent=100.0 * added / base if base else 0.0)
+    return Report(
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), recipe=_comparable(recipe),
+        task=TaskInfo(name=spec.name, kind=spec.kind, metric_names=tuple(spec.metric_names),
+                      primary_metric=spec.primary_metric, selection_split="validation", report_split=report_split,
+                      num_examples={split: len(ds) for split, ds in data.items()}),
+        model=model, scores={"teacher": teacher.scores, "student_stage1": stage1.scores, "student": stage2.scores},
+        attention=_attention(stage1),
+        timing=Timing(teacher_seconds=teacher.seconds, stage1_seconds=stage1.seconds, stage2_seconds=stage2.seconds,
+                      total_seconds=total_seconds),
+        latency=Latency(seq_len=seq_len, batch_size=int(next(iter(batch.values())).shape[0]), **timing),
+        curves={"teacher": teacher.history, "stage1": stage1.history, "stage2": stage2.history}, visuals=visuals,
+        seeds={"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]}, environment=environment(),
+        data_hash=data_hash(data))
+
+
+def _attention(stage1):
+    """Stage 1's attention distances per layer, before and after, and their means."""
+    before, after = stage1.per_layer_before, stage1.per_layer_after
+    rows = tuple(LayerDistance(layer=int(layer), ce_before=before.get(layer, {}).get("ce"),
+                               kl_before=before.get(layer, {}).get("kl"), ce_after=after[layer]["ce"],
+                               kl_after=after[layer]["kl"], teacher_entropy=after[layer]["teacher_entropy"],
+                               student_entropy=after[layer]["student_entropy"]) for layer in sorted(after, key=int))
+
+    def mean(key):
+        values = [getattr(row, key) for row in rows if getattr(row, key) is not None]
+        return float(np.mean(values)) if values else None
+
+    return AttentionInfo(per_layer=rows, mean_kl_before=mean("kl_before"), mean_kl_after=mean("kl_after"),
+                         stage1_skipped=stage1.skipped)
 
 
 def write_run_report(report, out_dir):
-    """report.json, report.md and figures in the run folder, and a copy inside ``model/``."""
-    out_dir = Path(out_dir)
-    try:
-        from .report import write_report
-    except ImportError:  # pragma: no cover - the renderer ships with the package
-        write_report = None
-    for directory in (out_dir, out_dir / "model"):
-        if write_report is not None:
-            write_report(report, directory)
-        else:
-            atomic_write_json(directory / "report.json", report)
+    """report.json, report.md and figures in the run folder (drawn once), and a copy of them inside
+    ``model/`` (what ``linearize push`` of the model folder uploads). Returns the report with its figures."""
+    report = save_report(report, out_dir)
+    copy_report(out_dir, Path(out_dir) / "model")
+    return report
 
 
 # ---- the single stages (what `linearize distill / finetune / eval` call) ----------------------------------

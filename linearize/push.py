@@ -6,7 +6,7 @@
 - the model: ``config.json``, the safetensors weights, ``modeling_linearize.py`` (the
   self-contained remote code) and the tokenizer or image-processor files;
 - the report: ``report.json`` and ``figures/*.png``;
-- a generated ``README.md`` model card (``model_card``): YAML metadata (license inherited from
+- a generated ``README.md`` model card (:mod:`linearize.report.card`): YAML metadata (license inherited from
   the source when known, ``base_model``, tags, datasets, pipeline tag, ``model-index`` with the
   student's and the teacher's scores), the method, the recovery table, the figures and a usage
   snippet that loads the model with ``trust_remote_code=True``.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -31,6 +30,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from .errors import LinearizeError
+from .report import Report
+from .report.card import METHOD_NOTES, build_card, source_info  # noqa: F401  (re-exported: the card's parts)
 
 README = "README.md"
 REPORT = "report.json"
@@ -47,82 +48,7 @@ MODEL_PATTERNS = (
     "preprocessor_config.json", "processor_config.json", "image_processor_config.json",
     "feature_extractor_config.json", "video_preprocessor_config.json",
 )
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
-IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "image_processor_config.json")
 HOW_TO_LOG_IN = "run `hf auth login`, set HF_TOKEN, or pass --token"
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-#: ``linearize convert`` aliases whose Hub id differs from what the alias resolves to
-_SOURCE_HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
-                   "minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
-
-#: architecture suffix -> (pipeline tag, model-index task name); checked in order
-_HEADS = (
-    ("ForSequenceClassification", "text-classification", "Text Classification"),
-    ("ForImageClassificationWithTeacher", "image-classification", "Image Classification"),
-    ("ForImageClassification", "image-classification", "Image Classification"),
-    ("ForMaskedLM", "fill-mask", "Fill-Mask"),
-    ("ForTokenClassification", "token-classification", "Token Classification"),
-    ("ForQuestionAnswering", "question-answering", "Question Answering"),
-    ("ForMaskedImageModeling", None, None),
-    ("ForMultipleChoice", None, None),
-)
-
-#: non-GLUE task name -> (Hub dataset id or None, display name)
-_KNOWN_DATASETS = {
-    "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
-    "fashion_mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
-    "moviereviews": (None, "Movie-review sentence polarity (Pang & Lee, 2005)"),
-}
-
-LINEAR_ATTENTION = (
-    "Softmax attention compares every token with every other one, so its cost grows with the square "
-    "of the sequence length N. Linear attention replaces the kernel exp(qᵀk/√d) by a dot product of "
-    "feature maps φ(q)ᵀφ(k); attention is then computed as φ(Q)(φ(K)ᵀV), normalised by φ(Q)(φ(K)ᵀ1), "
-    "which costs O(N) in time and memory. The pretrained query, key, value and output weights are "
-    "kept as they were; only the feature map's own parameters (if any) are new."
-)
-
-#: method family -> (methods, paragraph)
-METHOD_NOTES = {
-    "luna": (("luna",),
-             "**LUNA** learns the kernel's feature map. Each (scaled) query or key vector is projected onto "
-             "M directions shared by the heads of a layer, φ(x) = (1/√M)·[ψ(wᵢᵀx + bᵢ)]ᵢ, and every "
-             "projection passes through ψ, a small scalar MLP with non-negative outputs (L channels); "
-             "the projections and the MLPs are learned."),
-    "hedgehog": (("hedgehog",),
-                 "**Hedgehog** (Zhang et al., 2024, *The Hedgehog & the Porcupine*) uses "
-                 "φ(x) = [softmax(Wx), softmax(−Wx)], a learned per-head projection W (identity at "
-                 "initialisation) followed by a softmax over the feature axis, trained to mimic the spiky, "
-                 "monotonic softmax attention weights."),
-    "t2r": (("t2r",),
-            "**T2R** (Kasai et al., 2021, *Finetuning Pretrained Transformers into RNNs*) uses a learned "
-            "ReLU feature map, φ(x) = ReLU(Wx + b), with one W and b per head."),
-    "performer": (("performer",),
-                  "**Performer** FAVOR+ (Choromanski et al., 2021) estimates the softmax kernel with "
-                  "positive orthogonal random features, φ(x) = exp(ωᵢᵀx − ‖x‖²/2)/√m, whose dot product "
-                  "is an unbiased estimate of exp(qᵀk). The random directions ω are drawn once, saved "
-                  "with the model and never redrawn (they are learned when `learnable=True`)."),
-    "darkformer": (("darkformer",),
-                   "**DARKFormer** applies positive random features to Mx with a learned per-head matrix M, "
-                   "so that φ(q)ᵀφ(k) estimates exp(qᵀΣk) with a learned covariance Σ = MᵀM "
-                   "(M = identity at initialisation, which is the Performer estimate)."),
-    "flexformer": (("flexformer-s", "flexformer-n"),
-                   "**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
-                   "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
-                   "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
-                   "(`flexformer-n`, Yaglom's theorem) learns pairs of frequencies and the bandwidth of "
-                   "the envelope, and can represent kernels that depend on more than q − k."),
-    "fixed": (("elu", "relu", "cosformer"),
-              "**Fixed feature maps** add no parameters: `elu` uses φ(x) = elu(x) + 1 (Katharopoulos "
-              "et al., 2020, *Transformers are RNNs*), `relu` uses φ(x) = ReLU(x), and `cosformer` "
-              "(Qin et al., 2022) re-weights ReLU features by the cosine and sine of the token's position "
-              "in its sequence, so that nearby tokens attend to each other more."),
-    "softmax": (("softmax",),
-                "**softmax** is exact softmax attention computed through linearize's attention patch: the "
-                "control of every conversion. Its outputs equal the source model's, and it brings no "
-                "linear-attention speed-up."),
-}
 
 
 @dataclass
@@ -187,16 +113,11 @@ def locate(path, *, no_report=False):
 
 
 def read_report(path):
-    """The report as a dict, or a LinearizeError if it is not a linearize report."""
+    """The :class:`~linearize.report.Report` in ``path``, or a one-line LinearizeError."""
     try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise LinearizeError(f"{path} is not readable JSON ({error}); re-run `linearize run` or pass "
-                             "--no-report") from None
-    if not isinstance(report, dict) or report.get("schema") != "linearize.report":
-        raise LinearizeError(f"{path} is not a linearize report (no \"schema\": \"linearize.report\"); pass "
-                             "--no-report to push without it")
-    return report
+        return Report.read(path, required=())
+    except LinearizeError as error:
+        raise LinearizeError(f"{error}; or pass --no-report to push without it") from None
 
 
 def model_files(model_dir):
@@ -232,360 +153,10 @@ def figure_files(report_dir):
     return {f"{FIGURES}/{p.name}": p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() == ".png"}
 
 
-# ---- the model card ------------------------------------------------------------------------------
-
-def _front_matter(text):
-    """The YAML metadata block at the top of a README, as a dict ({} if none or invalid)."""
-    import yaml
-
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
-    if not match:
-        return {}
-    try:
-        data = yaml.safe_load(match.group(1))
-    except yaml.YAMLError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def source_info(source):
-    """``(Hub id or None, license or None)`` of the model a conversion started from.
-
-    The license is read from the README front matter of the source folder when the source is a
-    local folder (or the packaged MiniLM), else from a README in the local Hugging Face cache;
-    nothing is fetched.
-    """
-    if not source:
-        return None, None
-    source = str(source)
-    hub_id, folder = None, None
-    from .convert.loading import ALIASES
-
-    name = ALIASES.get(source, source)
-    if source in _SOURCE_HUB_IDS or name in _SOURCE_HUB_IDS:
-        hub_id = _SOURCE_HUB_IDS.get(source) or _SOURCE_HUB_IDS[name]
-        try:
-            from .convert.loading import minilm_path
-
-            folder = Path(minilm_path())
-        except LinearizeError:
-            folder = None
-    elif Path(source).expanduser().is_dir():
-        folder = Path(source).expanduser()
-    elif HUB_ID.match(name) and "--" not in name and ".." not in name:
-        hub_id = name
-    readme = None
-    if folder is not None and (folder / README).is_file():
-        readme = folder / README
-    elif hub_id is not None:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(hub_id, README)
-            readme = Path(cached) if isinstance(cached, str) else None
-        except Exception:  # noqa: BLE001 - the cache is a best-effort source of the license
-            readme = None
-    license_ = None
-    if readme is not None:
-        try:
-            license_ = _front_matter(readme.read_text(encoding="utf-8")).get("license")
-        except (OSError, UnicodeDecodeError):
-            license_ = None
-    if license_ is not None and not isinstance(license_, str):
-        license_ = None
-    return hub_id, license_
-
-
-def head_of(architecture, base_model_type=None, config=None):
-    """``(pipeline tag, task display name)`` for a model class name (base models: feature extraction)."""
-    for suffix, tag, name in _HEADS:
-        if architecture and architecture.endswith(suffix):
-            return tag, name
-    if base_model_type == "timm" and ((config or {}).get("timm_kwargs") or {}).get("num_classes", 1000) != 0:
-        return "image-classification", "Image Classification"
-    vision = base_model_type == "timm" or bool(config and "image_size" in config)
-    if vision:
-        return "image-feature-extraction", "Image Feature Extraction"
-    return "feature-extraction", "Feature Extraction"
-
-
-def dataset_of(task_name):
-    """``(Hub dataset id or None, config or None, display name)`` of a report's task, or None."""
-    if not task_name:
-        return None
-    from .data.glue import GLUE_TASKS, HUB_ID as GLUE_HUB_ID, glue_task_name
-
-    glue = glue_task_name(task_name)
-    if glue is not None:
-        return GLUE_HUB_ID, glue, f"GLUE {GLUE_TASKS[glue].folder}"
-    key = str(task_name).strip().lower()
-    if key in _KNOWN_DATASETS:
-        hub, display = _KNOWN_DATASETS[key]
-        return hub, None, display
-    if HUB_ID.match(str(task_name)):
-        return str(task_name), None, str(task_name)
-    return None, None, str(task_name)
-
-
-def _scores(report, who, split):
-    scores = (report.get("scores") or {}).get(who) or {}
-    value = scores.get(split)
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value, digits=4):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def _report_split(report):
-    return ((report.get("recovery") or {}).get("split") or (report.get("task") or {}).get("report_split")
-            or "test")
-
-
-def _metric_names(report, split):
-    task = report.get("task") or {}
-    names = list(task.get("metric_names") or [])
-    for who in ("student", "teacher"):
-        names += [name for name in _scores(report, who, split) if name not in names]
-    return names
-
-
-def model_index(report, name, pipeline_tag, task_display, dataset):
-    """The ``model-index`` metadata: the student's and the teacher's metrics on the report split."""
-    split = _report_split(report)
-    student, teacher = _scores(report, "student", split), _scores(report, "teacher", split)
-    metrics = []
-    for metric in _metric_names(report, split):
-        if isinstance(student.get(metric), (int, float)):
-            metrics.append({"type": metric, "value": float(student[metric]),
-                            "name": f"{metric} (linear-attention student, this model)"})
-        if isinstance(teacher.get(metric), (int, float)):
-            metrics.append({"type": f"teacher_{metric}", "value": float(teacher[metric]),
-                            "name": f"{metric} (softmax teacher, for reference)"})
-    if not metrics:
-        return None
-    hub_id, config, display = dataset or (None, None, (report.get("task") or {}).get("name") or "unknown")
-    data = {"name": display, "type": hub_id or str((report.get("task") or {}).get("name") or "unknown")}
-    if config:
-        data["config"] = config
-    data["split"] = split
-    task = {"type": pipeline_tag or "other", "name": task_display or "Other"}
-    return [{"name": name, "results": [{"task": task, "dataset": data, "metrics": metrics}]}]
-
-
-def _auto_class(config, architecture):
-    """The Auto class whose ``auto_map`` entry is the model's own class, or None."""
-    auto_map = config.get("auto_map") or {}
-    for auto, target in auto_map.items():
-        if auto != "AutoConfig" and str(target).rsplit(".", 1)[-1] == f"Linearize{architecture}":
-            return auto
-    return None
-
-
-def usage_snippet(repo_id, config, block, files):
-    """Python code that downloads and runs the model (``trust_remote_code=True``)."""
-    architecture = block.get("architecture") or ""
-    if block.get("base_model_type") == "timm":
-        return "\n".join([
-            "import torch",
-            "from huggingface_hub import snapshot_download",
-            "import linearize  # timm models load through linearize: pip install linearize",
-            "",
-            f"repo_id = {json.dumps(repo_id)}",
-            "model = linearize.load(snapshot_download(repo_id))",
-            "images = torch.randn(1, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)  # your images",
-            "with torch.no_grad():",
-            "    print(model(images).shape)",
-        ])
-    auto = _auto_class(config, architecture)
-    if auto is None:  # a head no Auto class maps to (DeiT's with-teacher head): load the encoder
-        auto, architecture = "AutoModel", ""
-    has_tokenizer = any(name in files for name in TOKENIZER_FILES)
-    has_images = any(name in files for name in IMAGE_PROCESSOR_FILES)
-    vision = "image_size" in config
-    masked_lm = architecture.endswith("ForMaskedLM")
-    imports = ["import torch", f"from transformers import {auto}"]
-    lines = []
-    if has_images:
-        imports[1] = f"from transformers import AutoImageProcessor, {auto}"
-        imports.insert(1, "from PIL import Image")
-        lines += ["processor = AutoImageProcessor.from_pretrained(repo_id, trust_remote_code=True)"]
-    elif has_tokenizer and not vision:
-        imports[1] = f"from transformers import AutoTokenizer, {auto}"
-        lines += ["tokenizer = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)"]
-    lines += [f"model = {auto}.from_pretrained(repo_id, trust_remote_code=True).eval()", ""]
-    if has_images:
-        lines += ['image = Image.new("RGB", (224, 224), "white")  # your image: Image.open("photo.jpg").convert("RGB")',
-                  'inputs = processor(images=image, return_tensors="pt")']
-    elif vision:
-        lines += ["size, channels = model.config.image_size, model.config.num_channels",
-                  "inputs = {\"pixel_values\": torch.randn(1, channels, size, size)}  # your preprocessed images"]
-    elif has_tokenizer:
-        text = ('f"Linear attention makes long documents {tokenizer.mask_token} to read."' if masked_lm
-                else '"An engrossing, beautifully acted film."')
-        lines += [f"inputs = tokenizer([{text}], return_tensors=\"pt\")"]
-    else:
-        lines += ["inputs = {\"input_ids\": torch.tensor([[2, 5, 7, 11, 3]])}  # your token ids"]
-    lines += ["with torch.no_grad():", "    outputs = model(**inputs)"]
-    if architecture.endswith(("ForSequenceClassification", "ForImageClassification",
-                              "ForImageClassificationWithTeacher")):
-        if config.get("num_labels", len(config.get("id2label") or {}) or 2) == 1:
-            lines += ["print(float(outputs.logits[0, 0]))  # the regression score"]
-        else:
-            lines += ["print(model.config.id2label[int(outputs.logits.argmax(-1)[0])])"]
-    elif architecture.endswith("ForTokenClassification"):
-        lines += ["print([model.config.id2label[int(i)] for i in outputs.logits.argmax(-1)[0]])"]
-    elif masked_lm and has_tokenizer and not vision:
-        lines += ['masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
-                  "print(tokenizer.decode(outputs.logits[0, masked].argmax(-1)))"]
-    elif not any(architecture.endswith(suffix) for suffix, _, _ in _HEADS):
-        lines += ["print(outputs.last_hidden_state.shape)  # (batch, tokens, hidden size)"]
-    else:
-        lines += ["print(outputs[0].shape)"]
-    return "\n".join(imports + ["", f"repo_id = {json.dumps(repo_id)}"] + lines)
-
-
-def _recovery_section(report, figures):
-    split = _report_split(report)
-    teacher, student = _scores(report, "teacher", split), _scores(report, "student", split)
-    stage1 = _scores(report, "student_stage1", split)
-    recovery = (report.get("recovery") or {}).get("per_metric") or {}
-    lines = ["## Recovery", ""]
-    names = _metric_names(report, split)
-    if names and (teacher or student):
-        lines += [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
-                  "task) against this linear-attention student. Recovery is the student's score as a "
-                  "percentage of the teacher's.", ""]
-        header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
-                 ["Linear student", "Recovery"]
-        lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-        for metric in names:
-            cells = [metric, _number(teacher.get(metric))] + ([_number(stage1.get(metric))] if stage1 else [])
-            rec = recovery.get(metric)
-            if not isinstance(rec, (int, float)) and isinstance(teacher.get(metric), (int, float)) \
-                    and isinstance(student.get(metric), (int, float)) and teacher[metric]:
-                rec = 100.0 * student[metric] / teacher[metric]
-            cells += [_number(student.get(metric)), f"{_number(rec, 1)} %" if isinstance(rec, (int, float)) else "–"]
-            lines.append("| " + " | ".join(cells) + " |")
-        average = (report.get("recovery") or {}).get("average")
-        if isinstance(average, (int, float)):
-            lines += ["", f"Average recovery: **{average:.1f} %**."]
-        lines.append("")
-    else:
-        lines += ["The report has no scores.", ""]
-    facts = []
-    attention = report.get("attention") or {}
-    if isinstance(attention.get("mean_kl_before"), (int, float)) and isinstance(attention.get("mean_kl_after"),
-                                                                                 (int, float)):
-        facts.append(f"- Attention fidelity: mean KL divergence from the teacher's attention weights "
-                     f"{attention['mean_kl_before']:.3f} before distillation, {attention['mean_kl_after']:.3f} after.")
-    latency = report.get("latency") or {}
-    if all(isinstance(latency.get(k), (int, float)) for k in ("teacher_ms", "student_ms")):
-        speed = f" ({latency['speedup']:.2f}× speed-up)" if isinstance(latency.get("speedup"), (int, float)) else ""
-        seq = f" at sequence length {latency['seq_len']}" if latency.get("seq_len") else ""
-        facts.append(f"- Latency{seq}: teacher {latency['teacher_ms']:.1f} ms, student "
-                     f"{latency['student_ms']:.1f} ms{speed}.")
-    if facts:
-        lines += facts + [""]
-    if figures:
-        lines += ["### Figures", ""]
-        for name in figures:
-            title = Path(name).stem.replace("_", " ").replace("-", " ")
-            lines += [f"![{title}]({name})", ""]
-    lines += [f"The full report is in [`{REPORT}`]({REPORT}).", ""]
-    return lines
-
-
 def model_card(repo_id, config, report=None, figures=(), files=()):
-    """The README.md text: YAML metadata, method, recovery table, figures, usage snippet.
-
-    ``config``: the model's config.json as a dict (with its ``linearize`` block); ``report``: the
-    run's report.json as a dict or None; ``figures``: the figure paths in the repo;
-    ``files``: the names of the uploaded model files (to pick the usage snippet's inputs).
-    """
-    import yaml
-
-    block = config.get("linearize") or {}
-    method = block.get("method", "unknown")
-    source = block.get("source")
-    hub_id, license_ = source_info(source)
-    architecture = block.get("architecture") or ""
-    pipeline_tag, task_display = head_of(architecture, block.get("base_model_type"), config)
-    task = (report or {}).get("task") or {}
-    dataset = dataset_of(task.get("name")) if report else None
-    name = repo_id.split("/")[-1]
-    timm = block.get("base_model_type") == "timm"
-
-    meta = {}
-    if license_:
-        meta["license"] = license_
-    if not timm:
-        meta["library_name"] = "transformers"
-    if hub_id:
-        meta["base_model"] = hub_id
-    meta["tags"] = ["linear-attention", method, "linearize"]
-    if dataset and dataset[0]:
-        meta["datasets"] = [dataset[0]]
-    if pipeline_tag:
-        meta["pipeline_tag"] = pipeline_tag
-    if report:
-        index = model_index(report, name, pipeline_tag, task_display, dataset)
-        if index:
-            meta["model-index"] = index
-
-    layers = list(block.get("layers") or [])
-    total = block.get("num_attention_layers") or len(layers)
-    added, base = block.get("parameters_added", 0) or 0, block.get("parameters_base", 0) or 0
-    source_text = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id else (f"`{source}`" if source else
-                                                                                 "a pretrained encoder")
-    scope = ("every attention layer" if total and len(layers) == total
-             else f"attention layers {layers} of {total} (the others keep softmax attention)")
-    options = block.get("options") or {}
-    lines = ["---", yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
-             f"# {name}", "",
-             f"{source_text} ({architecture or 'encoder'}) with its softmax self-attention replaced by "
-             f"**{method}** linear attention in {scope}, converted with linearize.", ""]
-    facts = [f"- Method: `{method}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in options.items())
-                                        if options else " (default options)")]
-    if base:
-        facts.append(f"- Parameters: {base:,} pretrained + {added:,} added by the feature maps "
-                     f"({100.0 * added / base:.3f} %)")
-    if task.get("name"):
-        facts.append(f"- Task: {dataset[2] if dataset else task['name']}")
-    lines += facts + ["", "## Method", "", LINEAR_ATTENTION, ""]
-    for methods, paragraph in METHOD_NOTES.values():
-        if method in methods:
-            lines += [paragraph, ""]
-            break
-    if report:
-        recipe = report.get("recipe") or {}
-        if "student_stage1" in (report.get("scores") or {}) or "stage1" in recipe:
-            lines += ["The softmax teacher (the source model fine-tuned on the task) trained this student in two "
-                      "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, "
-                      "stage 2 fine-tunes the whole student on the task.", ""]
-        lines += _recovery_section(report, list(figures))
-    else:
-        lines += ["## Recovery", "", "This model was pushed without a recovery report.", ""]
-    file_names = set(files)
-    snippet = usage_snippet(repo_id, config, block, file_names)
-    lines += ["## Usage", ""]
-    if timm:
-        lines += ["This is a converted timm Vision Transformer; it loads through linearize.", ""]
-    else:
-        lines += ["The linear attention lives in `modeling_linearize.py`, which is self-contained (torch and "
-                  "transformers only): load the model with `trust_remote_code=True`; linearize itself is not "
-                  "needed.", ""]
-    lines += ["```python", snippet, "```", ""]
-    if report and report.get("recipe"):
-        lines += ["## Training recipe", "", "```yaml",
-                  yaml.safe_dump(report["recipe"], sort_keys=False, allow_unicode=True).rstrip(), "```", ""]
-    lines += ["## Limitations", "",
-              "Linear attention approximates the softmax attention of the source model; check the recovery "
-              "on your own data before relying on it. The converted model inherits the source model's "
-              "limitations and biases.", ""]
-    return "\n".join(lines)
+    """The README.md text (:func:`linearize.report.card.build_card`; ``report``: a
+    :class:`~linearize.report.Report`, ``report.json``'s content, or None)."""
+    return str(build_card(repo_id, config, report, figures=figures, files=files))
 
 
 # ---- the push ------------------------------------------------------------------------------------
@@ -605,7 +176,7 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
     if report_path is not None:
         report = read_report(report_path)
         figures = figure_files(report_path.parent)
-        listed = [f for f in (report.get("figures") or []) if f in figures]
+        listed = [f for f in report.figures if f in figures]
         order = listed + [f for f in figures if f not in listed]
         figures = {name: figures[name] for name in order}
         files[REPORT] = report_path

@@ -423,3 +423,20 @@ def test_timm_model_card_and_snippet(tmp_path):
     namespace = {}
     exec(compile(script, "card-snippet", "exec"), namespace)  # noqa: S102 - our own generated snippet
     assert tuple(namespace["model"](namespace["images"]).shape) == (1, 3)
+
+
+def test_card_reads_back_through_huggingface_hub(made):
+    """The card is a huggingface_hub ModelCard: its metadata parses back into the same EvalResults,
+    read from the run's typed report (the recovery table's numbers are the report's)."""
+    from huggingface_hub import ModelCard
+
+    from linearize.report import load_report
+
+    report = load_report(made.run / "report.json")
+    card = ModelCard(push_module.plan(made.run, REPO).card)
+    assert card.data.license == "mit" and card.data.pipeline_tag == "text-classification"
+    assert card.data.model_name == "tiny-luna"
+    assert [(r.metric_type, r.metric_value, r.dataset_split) for r in card.data.eval_results] == [
+        ("accuracy", 0.8, "validation"), ("teacher_accuracy", 0.8125, "validation")]
+    assert f"| {report.recovery().per_metric['accuracy']:.1f} % |" in card.text
+    assert f"Average recovery: **{report.recovery().average:.1f} %**." in card.text

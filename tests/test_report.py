@@ -4,6 +4,8 @@ import json
 import math
 import random
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,7 +13,8 @@ from typer.testing import CliRunner
 import linearize.cli.report  # noqa: F401  (registers `report` until cli/__init__ imports it)
 from linearize.cli import app
 from linearize.errors import LinearizeError
-from linearize.report import load_report, make_figures, render_markdown, render_report, write_report
+from linearize.report import (Report, StageResult, load_report, make_figures, recovery, render_markdown, render_report,
+                              write_report)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
@@ -254,3 +257,83 @@ def test_a_stage1_that_made_the_attention_worse_is_said_so():
     exact = full_report()
     exact["attention"]["mean_kl_before"] = exact["attention"]["mean_kl_after"] = 0.0
     assert "Mean KL 0.000 → 0.000." in render_markdown(exact)
+
+
+# ---- typed results ---------------------------------------------------------------------------------
+
+OLD_RUN = Path(__file__).parent / "data" / "report_v1"
+
+
+def test_a_report_written_before_the_typed_results_still_renders(tmp_path):
+    """tests/data/report_v1: report.json and report.md as `linearize run` wrote them before the
+    report became a typed object (a tiny BERT -> LUNA run). `linearize report` re-renders the same
+    report.md and every figure, and the typed report writes back exactly the layout it read."""
+    old = json.loads((OLD_RUN / "report.json").read_text())
+    shutil.copy(OLD_RUN / "report.json", tmp_path / "report.json")
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "4 figure(s)" in result.output
+    assert (tmp_path / "report.md").read_text() == (OLD_RUN / "report.md").read_text()
+    for figure in old["figures"]:
+        assert_png(tmp_path / figure)
+    report = load_report(tmp_path)
+    assert report.to_json() == old
+    assert report.recovery().per_metric == pytest.approx(old["recovery"]["per_metric"])
+    assert report.recovery("student_stage1").average == pytest.approx(old["recovery"]["stage1_average"])
+
+
+def test_recovery_is_derived_from_the_scores_once():
+    report = Report.from_json(full_report())
+    teacher, student = report.scores_of("teacher")["accuracy"], report.scores_of("student")["accuracy"]
+    assert report.split == "test" and report.metric_names == ["accuracy"]
+    assert report.recovery().per_metric == {"accuracy": pytest.approx(100 * student / teacher)}
+    assert report.to_json()["recovery"]["average"] == pytest.approx(100 * student / teacher)
+    assert recovery({"f1": 0.8, "accuracy": 0.0}, {"f1": 0.4, "accuracy": 0.5}) == ({"f1": 50.0}, 50.0)
+    assert recovery({"accuracy": 0.9}, {}) == ({}, None)
+    assert report["task"]["name"] == "moviereviews"  # the JSON view, for code that indexes the report
+
+
+def test_earlier_visual_layouts_are_normalised_when_read():
+    """Version 1 allowed ψ channel-major and an image's [CLS] weight included: from_json turns
+    both into the one layout the figures draw."""
+    data = full_report()
+    entry = data["visuals"]["luna_channels"][0]
+    entry["psi"] = [list(column) for column in zip(*entry["psi"])]  # L x len(grid)
+    weights = _softmaxish([1.0] * 50)
+    image = {"image_index": 0, "grid": [7, 7], "teacher": weights, "student": weights, "layer": 11}
+    data["visuals"]["cls_attention"] = [image, {"teacher": [1.0], "student": [1.0, 2.0]}]  # the second is unusable
+    data["task"]["kind"] = "image"
+    visuals = Report.from_json(data).visuals
+    assert visuals["luna_channels"][0]["psi"] == full_report()["visuals"]["luna_channels"][0]["psi"]
+    (cls,) = visuals["cls_attention"]
+    assert cls["teacher"] == weights[1:] and len(cls["student"]) == 49
+
+
+def test_stage_result_keeps_what_the_stage_returned():
+    returned = {"skipped": False, "method": "luna", "steps": 12, "seconds": 3.5, "history": [{"step": 1, "kl": 0.5}],
+                "per_layer_before": {0: {"kl": 1.0}}, "per_layer_after": {0: {"kl": 0.5}}}
+    result = StageResult.from_dict(returned)
+    assert (result.seconds, result.skipped, result.extra) == (3.5, False, {"method": "luna", "steps": 12})
+    scored = result.with_scores({"test": {"accuracy": 0.9}})
+    assert StageResult.from_dict(scored.to_dict()) == scored
+    assert StageResult.from_dict({"skipped": True, "seconds": None}).seconds == 0.0
+
+
+def test_a_feature_map_probes_its_own_figure_data():
+    """LUNA's probe is its Fig. 3 (ψ_ℓ on a grid over the empirical u, and u's histogram); a map
+    without a figure returns None."""
+    import torch
+
+    from linearize.attention import create_feature_map
+
+    torch.manual_seed(0)
+    luna = create_feature_map("luna", 16, 2, projections=4, channels=3, hidden=8)
+    inputs = [torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)]
+    probe = luna.probe(inputs, points=50, bins=10)
+    assert len(probe["grid"]) == 50 and len(probe["psi"]) == 50 and len(probe["psi"][0]) == 3
+    u_values = 2 * 2 * 2 * 5 * 4  # two inputs of [2, 2, 5] vectors, 4 projections each
+    assert len(probe["hist_edges"]) == 11 and 0.95 * u_values <= sum(probe["hist_counts"]) <= u_values  # the range
+    assert probe["hist_edges"][0] == pytest.approx(probe["grid"][0], abs=1e-5)  # spans the 0.5-99.5 % quantiles
+    grid = torch.tensor(probe["grid"])
+    torch.testing.assert_close(torch.tensor(probe["psi"]), luna.psi_mlp(grid).detach())
+    assert create_feature_map("hedgehog", 16, 2).probe(inputs) is None

@@ -126,6 +126,11 @@ class FeatureMap(nn.Module):
     def num_learnable_parameters(self):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
+    def probe(self, inputs):
+        """The data of this map's report figure for ``inputs`` (the ``x`` tensors its forward
+        received on a batch), as plain lists, or None: a map without a figure of its own."""
+        return None
+
     @staticmethod
     def cast(param, x):
         """A parameter in the compute dtype of ``x`` (features are computed in float32)."""

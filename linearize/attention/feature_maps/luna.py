@@ -333,3 +333,22 @@ class LunaFeatureMap(FeatureMap):
             rms = torch.sqrt((y.pow(2) * weight).sum(dim=(1, 2, 3), keepdim=True) / count + 1e-6)
             y = y * (self.ch_rms_target / (rms + 1e-6)).clamp(max=1.0)
         return (y / math.sqrt(self.projections)).flatten(-2), None
+
+    @torch.no_grad()
+    def probe(self, inputs, max_samples=20000, points=200, bins=40):
+        """LUNA Fig. 3's data: the channels ψ_ℓ(u) on ``points`` values spanning the empirical range
+        of u = wᵢᵀx + bᵢ over ``inputs`` (the 0.5-99.5 % quantiles, 10 % margin; at most
+        ``max_samples`` values, a seeded sample), and u's histogram in ``bins`` bins:
+        ``{"grid": [points], "psi": [points][L], "hist_edges": [bins + 1], "hist_counts": [bins]}``."""
+        import numpy as np
+
+        u = torch.cat([self.project(x).flatten().cpu() for x in inputs])
+        if u.numel() > max_samples:
+            u = u[torch.randperm(u.numel(), generator=torch.Generator().manual_seed(0))[:max_samples]]
+        lo, hi = torch.quantile(u, 0.005).item(), torch.quantile(u, 0.995).item()
+        pad = 0.1 * (hi - lo + 1e-6)
+        grid = torch.linspace(lo - pad, hi + pad, points)
+        psi = self.psi(grid.to(self.mlp_w1.dtype).to(self.mlp_w1.device)).float().cpu()
+        counts, edges = np.histogram(u.numpy(), bins=bins, range=(lo - pad, hi + pad))
+        return {"grid": grid.tolist(), "psi": psi.tolist(), "hist_edges": edges.tolist(),
+                "hist_counts": counts.tolist()}

@@ -1,0 +1,416 @@
+"""The Hub model card (``README.md``) of a converted model, built on ``huggingface_hub``'s
+``ModelCard``/``ModelCardData``/``EvalResult``.
+
+The metadata: the license inherited from the source model when known, ``base_model``, tags,
+datasets, the pipeline tag and a ``model-index`` with the student's and the teacher's scores on
+the report split. The text: the method, the recovery table (from the run's
+:class:`~linearize.report.Report`), the figures, a usage snippet that loads the model with
+``trust_remote_code=True``, the training recipe and the limitations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import LinearizeError
+from .results import REPORT_JSON, as_report
+
+README = "README.md"
+#: the order of the card's metadata keys (``model-index`` comes last)
+METADATA_ORDER = ("license", "library_name", "base_model", "tags", "datasets", "pipeline_tag")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "image_processor_config.json")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+#: ``linearize convert`` aliases whose Hub id differs from what the alias resolves to
+_SOURCE_HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
+                   "minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+#: architecture suffix -> (pipeline tag, model-index task name); checked in order
+_HEADS = (
+    ("ForSequenceClassification", "text-classification", "Text Classification"),
+    ("ForImageClassificationWithTeacher", "image-classification", "Image Classification"),
+    ("ForImageClassification", "image-classification", "Image Classification"),
+    ("ForMaskedLM", "fill-mask", "Fill-Mask"),
+    ("ForTokenClassification", "token-classification", "Token Classification"),
+    ("ForQuestionAnswering", "question-answering", "Question Answering"),
+    ("ForMaskedImageModeling", None, None),
+    ("ForMultipleChoice", None, None),
+)
+
+#: non-GLUE task name -> (Hub dataset id or None, display name)
+_KNOWN_DATASETS = {
+    "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
+    "fashion_mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
+    "moviereviews": (None, "Movie-review sentence polarity (Pang & Lee, 2005)"),
+}
+
+LINEAR_ATTENTION = (
+    "Softmax attention compares every token with every other one, so its cost grows with the square "
+    "of the sequence length N. Linear attention replaces the kernel exp(qᵀk/√d) by a dot product of "
+    "feature maps φ(q)ᵀφ(k); attention is then computed as φ(Q)(φ(K)ᵀV), normalised by φ(Q)(φ(K)ᵀ1), "
+    "which costs O(N) in time and memory. The pretrained query, key, value and output weights are "
+    "kept as they were; only the feature map's own parameters (if any) are new."
+)
+
+#: method family -> (methods, paragraph)
+METHOD_NOTES = {
+    "luna": (("luna",),
+             "**LUNA** learns the kernel's feature map. Each (scaled) query or key vector is projected onto "
+             "M directions shared by the heads of a layer, φ(x) = (1/√M)·[ψ(wᵢᵀx + bᵢ)]ᵢ, and every "
+             "projection passes through ψ, a small scalar MLP with non-negative outputs (L channels); "
+             "the projections and the MLPs are learned."),
+    "hedgehog": (("hedgehog",),
+                 "**Hedgehog** (Zhang et al., 2024, *The Hedgehog & the Porcupine*) uses "
+                 "φ(x) = [softmax(Wx), softmax(−Wx)], a learned per-head projection W (identity at "
+                 "initialisation) followed by a softmax over the feature axis, trained to mimic the spiky, "
+                 "monotonic softmax attention weights."),
+    "t2r": (("t2r",),
+            "**T2R** (Kasai et al., 2021, *Finetuning Pretrained Transformers into RNNs*) uses a learned "
+            "ReLU feature map, φ(x) = ReLU(Wx + b), with one W and b per head."),
+    "performer": (("performer",),
+                  "**Performer** FAVOR+ (Choromanski et al., 2021) estimates the softmax kernel with "
+                  "positive orthogonal random features, φ(x) = exp(ωᵢᵀx − ‖x‖²/2)/√m, whose dot product "
+                  "is an unbiased estimate of exp(qᵀk). The random directions ω are drawn once, saved "
+                  "with the model and never redrawn (they are learned when `learnable=True`)."),
+    "darkformer": (("darkformer",),
+                   "**DARKFormer** applies positive random features to Mx with a learned per-head matrix M, "
+                   "so that φ(q)ᵀφ(k) estimates exp(qᵀΣk) with a learned covariance Σ = MᵀM "
+                   "(M = identity at initialisation, which is the Performer estimate)."),
+    "flexformer": (("flexformer-s", "flexformer-n"),
+                   "**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
+                   "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
+                   "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
+                   "(`flexformer-n`, Yaglom's theorem) learns pairs of frequencies and the bandwidth of "
+                   "the envelope, and can represent kernels that depend on more than q − k."),
+    "fixed": (("elu", "relu", "cosformer"),
+              "**Fixed feature maps** add no parameters: `elu` uses φ(x) = elu(x) + 1 (Katharopoulos "
+              "et al., 2020, *Transformers are RNNs*), `relu` uses φ(x) = ReLU(x), and `cosformer` "
+              "(Qin et al., 2022) re-weights ReLU features by the cosine and sine of the token's position "
+              "in its sequence, so that nearby tokens attend to each other more."),
+    "softmax": (("softmax",),
+                "**softmax** is exact softmax attention computed through linearize's attention patch: the "
+                "control of every conversion. Its outputs equal the source model's, and it brings no "
+                "linear-attention speed-up."),
+}
+
+
+
+
+def source_info(source):
+    """``(Hub id or None, license or None)`` of the model a conversion started from.
+
+    The license is read from the README front matter of the source folder when the source is a
+    local folder (or the packaged MiniLM), else from a README in the local Hugging Face cache;
+    nothing is fetched.
+    """
+    if not source:
+        return None, None
+    source = str(source)
+    hub_id, folder = None, None
+    from ..convert.loading import ALIASES
+
+    name = ALIASES.get(source, source)
+    if source in _SOURCE_HUB_IDS or name in _SOURCE_HUB_IDS:
+        hub_id = _SOURCE_HUB_IDS.get(source) or _SOURCE_HUB_IDS[name]
+        try:
+            from ..convert.loading import minilm_path
+
+            folder = Path(minilm_path())
+        except LinearizeError:
+            folder = None
+    elif Path(source).expanduser().is_dir():
+        folder = Path(source).expanduser()
+    elif HUB_ID.match(name) and "--" not in name and ".." not in name:
+        hub_id = name
+    readme = None
+    if folder is not None and (folder / README).is_file():
+        readme = folder / README
+    elif hub_id is not None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(hub_id, README)
+            readme = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # noqa: BLE001 - the cache is a best-effort source of the license
+            readme = None
+    license_ = None
+    if readme is not None:
+        import yaml
+        from huggingface_hub import metadata_load
+
+        try:
+            license_ = (metadata_load(readme) or {}).get("license")
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):  # no license to inherit
+            license_ = None
+    if license_ is not None and not isinstance(license_, str):
+        license_ = None
+    return hub_id, license_
+
+
+def head_of(architecture, base_model_type=None, config=None):
+    """``(pipeline tag, task display name)`` for a model class name (base models: feature extraction)."""
+    for suffix, tag, name in _HEADS:
+        if architecture and architecture.endswith(suffix):
+            return tag, name
+    if base_model_type == "timm" and ((config or {}).get("timm_kwargs") or {}).get("num_classes", 1000) != 0:
+        return "image-classification", "Image Classification"
+    vision = base_model_type == "timm" or bool(config and "image_size" in config)
+    if vision:
+        return "image-feature-extraction", "Image Feature Extraction"
+    return "feature-extraction", "Feature Extraction"
+
+
+def dataset_of(task_name):
+    """``(Hub dataset id or None, config or None, display name)`` of a report's task, or None."""
+    if not task_name:
+        return None
+    from ..data.glue import GLUE_TASKS, HUB_ID as GLUE_HUB_ID, glue_task_name
+
+    glue = glue_task_name(task_name)
+    if glue is not None:
+        return GLUE_HUB_ID, glue, f"GLUE {GLUE_TASKS[glue].folder}"
+    key = str(task_name).strip().lower()
+    if key in _KNOWN_DATASETS:
+        hub, display = _KNOWN_DATASETS[key]
+        return hub, None, display
+    if HUB_ID.match(str(task_name)):
+        return str(task_name), None, str(task_name)
+    return None, None, str(task_name)
+
+
+
+def _auto_class(config, architecture):
+    """The Auto class whose ``auto_map`` entry is the model's own class, or None."""
+    auto_map = config.get("auto_map") or {}
+    for auto, target in auto_map.items():
+        if auto != "AutoConfig" and str(target).rsplit(".", 1)[-1] == f"Linearize{architecture}":
+            return auto
+    return None
+
+
+def usage_snippet(repo_id, config, block, files):
+    """Python code that downloads and runs the model (``trust_remote_code=True``)."""
+    architecture = block.get("architecture") or ""
+    if block.get("base_model_type") == "timm":
+        return "\n".join([
+            "import torch",
+            "from huggingface_hub import snapshot_download",
+            "import linearize  # timm models load through linearize: pip install linearize",
+            "",
+            f"repo_id = {json.dumps(repo_id)}",
+            "model = linearize.load(snapshot_download(repo_id))",
+            "images = torch.randn(1, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)  # your images",
+            "with torch.no_grad():",
+            "    print(model(images).shape)",
+        ])
+    auto = _auto_class(config, architecture)
+    if auto is None:  # a head no Auto class maps to (DeiT's with-teacher head): load the encoder
+        auto, architecture = "AutoModel", ""
+    has_tokenizer = any(name in files for name in TOKENIZER_FILES)
+    has_images = any(name in files for name in IMAGE_PROCESSOR_FILES)
+    vision = "image_size" in config
+    masked_lm = architecture.endswith("ForMaskedLM")
+    imports = ["import torch", f"from transformers import {auto}"]
+    lines = []
+    if has_images:
+        imports[1] = f"from transformers import AutoImageProcessor, {auto}"
+        imports.insert(1, "from PIL import Image")
+        lines += ["processor = AutoImageProcessor.from_pretrained(repo_id, trust_remote_code=True)"]
+    elif has_tokenizer and not vision:
+        imports[1] = f"from transformers import AutoTokenizer, {auto}"
+        lines += ["tokenizer = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)"]
+    lines += [f"model = {auto}.from_pretrained(repo_id, trust_remote_code=True).eval()", ""]
+    if has_images:
+        lines += ['image = Image.new("RGB", (224, 224), "white")  # your image: Image.open("photo.jpg").convert("RGB")',
+                  'inputs = processor(images=image, return_tensors="pt")']
+    elif vision:
+        lines += ["size, channels = model.config.image_size, model.config.num_channels",
+                  "inputs = {\"pixel_values\": torch.randn(1, channels, size, size)}  # your preprocessed images"]
+    elif has_tokenizer:
+        text = ('f"Linear attention makes long documents {tokenizer.mask_token} to read."' if masked_lm
+                else '"An engrossing, beautifully acted film."')
+        lines += [f"inputs = tokenizer([{text}], return_tensors=\"pt\")"]
+    else:
+        lines += ["inputs = {\"input_ids\": torch.tensor([[2, 5, 7, 11, 3]])}  # your token ids"]
+    lines += ["with torch.no_grad():", "    outputs = model(**inputs)"]
+    if architecture.endswith(("ForSequenceClassification", "ForImageClassification",
+                              "ForImageClassificationWithTeacher")):
+        if config.get("num_labels", len(config.get("id2label") or {}) or 2) == 1:
+            lines += ["print(float(outputs.logits[0, 0]))  # the regression score"]
+        else:
+            lines += ["print(model.config.id2label[int(outputs.logits.argmax(-1)[0])])"]
+    elif architecture.endswith("ForTokenClassification"):
+        lines += ["print([model.config.id2label[int(i)] for i in outputs.logits.argmax(-1)[0]])"]
+    elif masked_lm and has_tokenizer and not vision:
+        lines += ['masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
+                  "print(tokenizer.decode(outputs.logits[0, masked].argmax(-1)))"]
+    elif not any(architecture.endswith(suffix) for suffix, _, _ in _HEADS):
+        lines += ["print(outputs.last_hidden_state.shape)  # (batch, tokens, hidden size)"]
+    else:
+        lines += ["print(outputs[0].shape)"]
+    return "\n".join(imports + ["", f"repo_id = {json.dumps(repo_id)}"] + lines)
+
+
+
+
+# ---- the card ------------------------------------------------------------------------------------
+
+def eval_results(report, pipeline_tag, task_display, dataset):
+    """The ``model-index`` results as ``EvalResult``: per metric of the report split, the
+    student's score and the teacher's (``teacher_<metric>``)."""
+    from huggingface_hub import EvalResult
+
+    hub_id, config, display = dataset or (None, None, report.task.name or "unknown")
+    common = {"task_type": pipeline_tag or "other", "task_name": task_display or "Other", "dataset_name": display,
+              "dataset_type": hub_id or str(report.task.name or "unknown"), "dataset_config": config,
+              "dataset_split": report.split}
+    student, teacher = report.scores_of("student"), report.scores_of("teacher")
+    results = []
+    for metric in report.metric_names:
+        for prefix, scores, who in (("", student, "linear-attention student, this model"),
+                                    ("teacher_", teacher, "softmax teacher, for reference")):
+            if scores.get(metric) is not None:
+                results.append(EvalResult(**common, metric_type=f"{prefix}{metric}",
+                                          metric_value=float(scores[metric]), metric_name=f"{metric} ({who})"))
+    return results
+
+
+def card_data(repo_id, config, report=None):
+    """The card's ``ModelCardData`` (the README's YAML metadata)."""
+    from huggingface_hub import ModelCardData
+
+    block = config.get("linearize") or {}
+    hub_id, license_ = source_info(block.get("source"))
+    pipeline_tag, task_display = head_of(block.get("architecture") or "", block.get("base_model_type"), config)
+    dataset = dataset_of(report.task.name) if report else None
+    results = eval_results(report, pipeline_tag, task_display, dataset) if report else []
+    return ModelCardData(license=license_, library_name=None if block.get("base_model_type") == "timm" else
+                         "transformers", base_model=hub_id,
+                         tags=["linear-attention", block.get("method", "unknown"), "linearize"],
+                         datasets=[dataset[0]] if dataset and dataset[0] else None, pipeline_tag=pipeline_tag,
+                         model_name=repo_id.split("/")[-1] if results else None, eval_results=results or None)
+
+
+def _fmt(value, digits=4):
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _recovery_section(report, figures):
+    split, names = report.split, report.metric_names
+    teacher, student = report.scores_of("teacher"), report.scores_of("student")
+    stage1 = report.scores_of("student_stage1")
+    recovery = report.recovery()
+    lines = ["## Recovery", ""]
+    if names and (teacher or student):
+        lines += [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
+                  "task) against this linear-attention student. Recovery is the student's score as a "
+                  "percentage of the teacher's.", ""]
+        header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
+                 ["Linear student", "Recovery"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        for metric in names:
+            rec = recovery.per_metric.get(metric)
+            cells = [metric, _fmt(teacher.get(metric))] + ([_fmt(stage1.get(metric))] if stage1 else [])
+            cells += [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"]
+            lines.append("| " + " | ".join(cells) + " |")
+        if recovery.average is not None:
+            lines += ["", f"Average recovery: **{recovery.average:.1f} %**."]
+        lines.append("")
+    else:
+        lines += ["The report has no scores.", ""]
+    facts = []
+    attention, latency = report.attention, report.latency
+    if attention.mean_kl_before is not None and attention.mean_kl_after is not None:
+        facts.append(f"- Attention fidelity: mean KL divergence from the teacher's attention weights "
+                     f"{attention.mean_kl_before:.3f} before distillation, {attention.mean_kl_after:.3f} after.")
+    if latency.teacher_ms is not None and latency.student_ms is not None:
+        speed = f" ({latency.speedup:.2f}× speed-up)" if latency.speedup is not None else ""
+        seq = f" at sequence length {latency.seq_len}" if latency.seq_len else ""
+        facts.append(f"- Latency{seq}: teacher {latency.teacher_ms:.1f} ms, student {latency.student_ms:.1f} ms{speed}.")
+    if facts:
+        lines += facts + [""]
+    if figures:
+        lines += ["### Figures", ""]
+        for name in figures:
+            lines += [f"![{Path(name).stem.replace('_', ' ').replace('-', ' ')}]({name})", ""]
+    return lines + [f"The full report is in [`{REPORT_JSON}`]({REPORT_JSON}).", ""]
+
+
+def _about(repo_id, block, report):
+    """The title, what the model is, and the method's paragraph."""
+    method, source = block.get("method", "unknown"), block.get("source")
+    hub_id, _ = source_info(source)
+    architecture = block.get("architecture") or ""
+    layers = list(block.get("layers") or [])
+    total = block.get("num_attention_layers") or len(layers)
+    added, base = block.get("parameters_added", 0) or 0, block.get("parameters_base", 0) or 0
+    source_text = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id else (f"`{source}`" if source else
+                                                                                 "a pretrained encoder")
+    scope = ("every attention layer" if total and len(layers) == total
+             else f"attention layers {layers} of {total} (the others keep softmax attention)")
+    options = block.get("options") or {}
+    lines = [f"# {repo_id.split('/')[-1]}", "",
+             f"{source_text} ({architecture or 'encoder'}) with its softmax self-attention replaced by "
+             f"**{method}** linear attention in {scope}, converted with linearize.", "",
+             f"- Method: `{method}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in options.items())
+                                        if options else " (default options)")]
+    if base:
+        lines.append(f"- Parameters: {base:,} pretrained + {added:,} added by the feature maps "
+                     f"({100.0 * added / base:.3f} %)")
+    if report and report.task.name:
+        dataset = dataset_of(report.task.name)
+        lines.append(f"- Task: {dataset[2] if dataset else report.task.name}")
+    lines += ["", "## Method", "", LINEAR_ATTENTION, ""]
+    for methods, paragraph in METHOD_NOTES.values():
+        if method in methods:
+            lines += [paragraph, ""]
+            break
+    return lines
+
+
+def _usage(repo_id, config, block, files):
+    lines = ["## Usage", ""]
+    if block.get("base_model_type") == "timm":
+        lines += ["This is a converted timm Vision Transformer; it loads through linearize.", ""]
+    else:
+        lines += ["The linear attention lives in `modeling_linearize.py`, which is self-contained (torch and "
+                  "transformers only): load the model with `trust_remote_code=True`; linearize itself is not "
+                  "needed.", ""]
+    return lines + ["```python", usage_snippet(repo_id, config, block, set(files)), "```", ""]
+
+
+def build_card(repo_id, config, report=None, figures=(), files=()):
+    """The ``README.md`` model card as a ``huggingface_hub.ModelCard``.
+
+    ``config``: the model's config.json as a dict (with its ``linearize`` block); ``report``: the
+    run's :class:`~linearize.report.Report` (or ``report.json``'s content) or None; ``figures``:
+    the figure paths in the repo; ``files``: the names of the uploaded model files (to pick the
+    usage snippet's inputs).
+    """
+    import yaml
+    from huggingface_hub import ModelCard
+
+    report = as_report(report) if report is not None else None
+    block = config.get("linearize") or {}
+    lines = _about(repo_id, block, report)
+    if report:
+        if "student_stage1" in report.scores or "stage1" in report.recipe:
+            lines += ["The softmax teacher (the source model fine-tuned on the task) trained this student in two "
+                      "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, "
+                      "stage 2 fine-tunes the whole student on the task.", ""]
+        lines += _recovery_section(report, list(figures))
+    else:
+        lines += ["## Recovery", "", "This model was pushed without a recovery report.", ""]
+    lines += _usage(repo_id, config, block, files)
+    if report and report.recipe:
+        lines += ["## Training recipe", "", "```yaml",
+                  yaml.safe_dump(report.recipe, sort_keys=False, allow_unicode=True).rstrip(), "```", ""]
+    lines += ["## Limitations", "",
+              "Linear attention approximates the softmax attention of the source model; check the recovery "
+              "on your own data before relying on it. The converted model inherits the source model's "
+              "limitations and biases.", ""]
+    metadata = card_data(repo_id, config, report).to_yaml(original_order=list(METADATA_ORDER))
+    return ModelCard("\n".join(["---", metadata, "---", ""] + lines))
