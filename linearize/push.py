@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from .attention.feature_maps import method_notes
 from .errors import LinearizeError
 
 README = "README.md"
@@ -83,46 +84,8 @@ LINEAR_ATTENTION = (
     "kept as they were; only the feature map's own parameters (if any) are new."
 )
 
-#: method family -> (methods, paragraph)
-METHOD_NOTES = {
-    "luna": (("luna",),
-             "**LUNA** learns the kernel's feature map. Each (scaled) query or key vector is projected onto "
-             "M directions shared by the heads of a layer, φ(x) = (1/√M)·[ψ(wᵢᵀx + bᵢ)]ᵢ, and every "
-             "projection passes through ψ, a small scalar MLP with non-negative outputs (L channels); "
-             "the projections and the MLPs are learned."),
-    "hedgehog": (("hedgehog",),
-                 "**Hedgehog** (Zhang et al., 2024, *The Hedgehog & the Porcupine*) uses "
-                 "φ(x) = [softmax(Wx), softmax(−Wx)], a learned per-head projection W (identity at "
-                 "initialisation) followed by a softmax over the feature axis, trained to mimic the spiky, "
-                 "monotonic softmax attention weights."),
-    "t2r": (("t2r",),
-            "**T2R** (Kasai et al., 2021, *Finetuning Pretrained Transformers into RNNs*) uses a learned "
-            "ReLU feature map, φ(x) = ReLU(Wx + b), with one W and b per head."),
-    "performer": (("performer",),
-                  "**Performer** FAVOR+ (Choromanski et al., 2021) estimates the softmax kernel with "
-                  "positive orthogonal random features, φ(x) = exp(ωᵢᵀx − ‖x‖²/2)/√m, whose dot product "
-                  "is an unbiased estimate of exp(qᵀk). The random directions ω are drawn once, saved "
-                  "with the model and never redrawn (they are learned when `learnable=True`)."),
-    "darkformer": (("darkformer",),
-                   "**DARKFormer** applies positive random features to Mx with a learned per-head matrix M, "
-                   "so that φ(q)ᵀφ(k) estimates exp(qᵀΣk) with a learned covariance Σ = MᵀM "
-                   "(M = identity at initialisation, which is the Performer estimate)."),
-    "flexformer": (("flexformer-s", "flexformer-n"),
-                   "**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
-                   "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
-                   "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
-                   "(`flexformer-n`, Yaglom's theorem) learns pairs of frequencies and the bandwidth of "
-                   "the envelope, and can represent kernels that depend on more than q − k."),
-    "fixed": (("elu", "relu", "cosformer"),
-              "**Fixed feature maps** add no parameters: `elu` uses φ(x) = elu(x) + 1 (Katharopoulos "
-              "et al., 2020, *Transformers are RNNs*), `relu` uses φ(x) = ReLU(x), and `cosformer` "
-              "(Qin et al., 2022) re-weights ReLU features by the cosine and sine of the token's position "
-              "in its sequence, so that nearby tokens attend to each other more."),
-    "softmax": (("softmax",),
-                "**softmax** is exact softmax attention computed through linearize's attention patch: the "
-                "control of every conversion. Its outputs equal the source model's, and it brings no "
-                "linear-attention speed-up."),
-}
+#: method family -> (methods, paragraph): every feature map's ``card_note``
+METHOD_NOTES = method_notes()
 
 
 @dataclass
