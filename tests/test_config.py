@@ -103,3 +103,24 @@ def test_stage_options_of_the_cli_come_from_the_config_fields(command, config_cl
             continue
         assert f"--{item.name.replace('_', '-')} " in text, item.name
         assert item.metadata["help"].split(" (")[0][:40] in text, item.name
+
+
+def test_the_config_block_round_trips_and_old_blocks_still_read(tmp_path):
+    import json
+
+    import linearize
+    from linearize.convert.config_block import BLOCK_VERSION, decode_block, encode_block
+    from tiny_models import build
+
+    model = linearize.convert(build("bert"), "luna", projections=4)
+    block = model.config.linearize
+    stored = json.loads(json.dumps(encode_block(block)))  # through config.json
+    assert set(stored) == {"_type", "_version", "_data"} and stored["_version"] == BLOCK_VERSION
+    assert decode_block(stored) == block
+    model.save_pretrained(tmp_path)
+    old = json.loads((tmp_path / "config.json").read_text())["linearize"]  # today's unversioned block
+    assert decode_block(old) == block and decode_block(None) is None
+    with pytest.raises(ValueError, match="upgrade linearize"):
+        decode_block({**stored, "_version": BLOCK_VERSION + 1})
+    with pytest.raises(ValueError, match="not a LinearizeConfig"):
+        decode_block({**stored, "_type": "Other"})
