@@ -14,11 +14,11 @@ import statistics
 from pathlib import Path
 
 from .attention import create_feature_map
+from .attention.feature_maps import default_comparison
 from .io import atomic_write_json, atomic_write_text
 from .pipeline import run
 
-DEFAULT_METHODS = ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n", "elu",
-                   "cosformer"]
+DEFAULT_METHODS = default_comparison()  # every map with ``in_default_comparison``
 
 
 def has_learnable_parameters(method):

@@ -10,22 +10,25 @@ from linearize.attention import (FeatureMap, create_feature_map, kernel_statisti
                                  linear_attention_weights, method_options, methods, quadratic_attention,
                                  register_feature_map, softmax_attention_weights)
 
-# One row per method: (name, options). Options exercise non-default paths too.
-METHOD_CASES = [
-    ("luna", {}),
-    ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True}),
-    ("luna", {"shared_projections": False}),
-    ("hedgehog", {}),
-    ("t2r", {}),
-    ("performer", {}),
-    ("performer", {"learnable": True}),
-    ("darkformer", {}),
-    ("flexformer-s", {}),
-    ("flexformer-n", {}),
-    ("elu", {}),
-    ("relu", {}),
-    ("cosformer", {}),
+# The method matrix: one row per case, (name, options, learns parameters), in the order of
+# `methods()`; options exercise non-default paths too. A new method is one new file in
+# linearize/attention/feature_maps/ and its row here.
+METHOD_MATRIX = [
+    ("luna", {}, True),
+    ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True}, True),
+    ("luna", {"shared_projections": False}, True),
+    ("hedgehog", {}, True),
+    ("t2r", {}, True),
+    ("performer", {}, False),
+    ("performer", {"learnable": True}, True),
+    ("darkformer", {}, True),
+    ("flexformer-s", {}, True),
+    ("flexformer-n", {}, True),
+    ("elu", {}, False),
+    ("relu", {}, False),
+    ("cosformer", {}, False),
 ]
+METHOD_CASES = [(name, opts) for name, opts, _ in METHOD_MATRIX]
 KERNEL_METHODS = [name for name in methods() if name != "softmax"]
 CASE_IDS = [f"{name}-{'-'.join(opts) or 'default'}" for name, opts in METHOD_CASES]
 B, H, N, D = 2, 3, 9, 16
@@ -33,8 +36,7 @@ B, H, N, D = 2, 3, 9, 16
 
 def test_every_registered_method_has_a_case():
     assert set(KERNEL_METHODS) == {name for name, _ in METHOD_CASES}
-    assert methods() == ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n",
-                         "elu", "relu", "cosformer", "softmax"]
+    assert methods() == list(dict.fromkeys(name for name, _ in METHOD_CASES)) + ["softmax"]
 
 
 def random_qkv(seed=0, scale=1.0, n=N):
@@ -88,8 +90,8 @@ def test_appended_padding_does_not_change_real_outputs(name, opts):
     torch.testing.assert_close(out2[:, :, :N], out, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name,opts", METHOD_CASES, ids=CASE_IDS)
-def test_gradients_reach_every_learnable_parameter(name, opts):
+@pytest.mark.parametrize("name,opts,expected_learnable", METHOD_MATRIX, ids=CASE_IDS)
+def test_gradients_reach_every_learnable_parameter(name, opts, expected_learnable):
     fm = make(name, opts)
     q, k, v, mask = random_qkv(3)
     q.requires_grad_(True)
@@ -100,8 +102,6 @@ def test_gradients_reach_every_learnable_parameter(name, opts):
     for pname, p in params:
         assert p.grad is not None, f"{name}: no gradient for {pname}"
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{name}: zero gradient for {pname}"
-    expected_learnable = name in {"luna", "hedgehog", "t2r", "darkformer", "flexformer-s", "flexformer-n"} or (
-        name == "performer" and bool(opts.get("learnable")))
     assert (fm.num_learnable_parameters() > 0) == expected_learnable
     assert fm.num_learnable_parameters() == sum(p.numel() for _, p in params)
 
@@ -371,3 +371,72 @@ def test_registry_refuses_duplicates():
 def test_options_are_recorded_for_the_config():
     fm = create_feature_map("luna", D, H, projections=4)
     assert fm.options["projections"] == 4 and fm.options["channels"] == 8
+
+
+@pytest.mark.parametrize("name", methods())
+def test_every_option_is_a_typed_field_with_help(name):
+    import dataclasses
+
+    from linearize.attention.feature_maps import get_feature_map_class
+
+    cls = get_feature_map_class(name)
+    fields = dataclasses.fields(cls.options_class)
+    assert {f.name: f.default for f in fields} == method_options(name)
+    assert all(f.metadata.get("help") for f in fields), name
+    assert cls.card_note and cls.paper
+    assert create_feature_map(name, D, H).options == method_options(name)  # every option recorded
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("luna", {"shared_mlp": "maybe"}, "luna: option shared_mlp must be true or false, got 'maybe'"),
+    ("luna", {"projections": 2.5}, "luna: option projections must be an integer, got 2.5"),
+    ("luna", {"hidden": True}, "luna: option hidden must be an integer, got True"),
+    ("hedgehog", {"feature_dim": "8"}, "hedgehog: option feature_dim must be an integer or null, got '8'"),
+    ("darkformer", {"init": 1}, "darkformer: option init must be a string, got 1"),
+])
+def test_an_option_of_the_wrong_type_is_one_line_and_never_coerced(name, options, message):
+    from linearize.errors import LinearizeError
+
+    with pytest.raises(LinearizeError) as caught:
+        create_feature_map(name, D, H, **options)
+    assert str(caught.value) == message and isinstance(caught.value, ValueError)
+    assert create_feature_map("luna", D, H, ch_rms_target=1).ch_rms_target == 1.0  # an integer is a number
+
+
+def test_option_values_from_the_command_line_are_typed_by_the_dataclass():
+    from linearize.errors import LinearizeError
+    from linearize.recipes import parse_options
+
+    fm = create_feature_map("luna", D, H, **parse_options(["projections=4", "shared_mlp=false", "ch_rms_target=0.2"]))
+    assert (fm.projections, fm.shared_mlp, fm.ch_rms_target) == (4, False, 0.2)
+    for pair in ("shared_mlp=maybe", "projections=2.5"):
+        with pytest.raises(LinearizeError, match="must be"):
+            create_feature_map("luna", D, H, **parse_options([pair]))
+
+
+def test_every_module_of_the_package_is_imported_and_bundled():
+    import pkgutil
+
+    import linearize.attention.feature_maps as package
+
+    found = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    assert package.MAP_MODULES[0] == "base" and set(package.MAP_MODULES) == found
+    assert {package.get_feature_map_class(name).__module__.rsplit(".", 1)[1] for name in methods()} <= found
+
+
+def test_card_notes_default_comparison_and_methods_table_come_from_the_registry():
+    from linearize.attention.feature_maps import default_comparison, method_notes, methods_table, option_help
+    from linearize.attention.feature_maps import get_feature_map_class
+
+    notes = method_notes()
+    assert sorted(m for grouped, _ in notes.values() for m in grouped) == sorted(methods())
+    assert notes["flexformer-s"][0] == ("flexformer-s", "flexformer-n") and notes["elu"][0] == ("elu", "relu")
+    assert default_comparison() == ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s",
+                                    "flexformer-n", "elu", "cosformer"]
+    table = methods_table()
+    assert len(table.strip().splitlines()) == 2 + len(methods())
+    for name in methods():
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}` |"))
+        for option, default, help_text in option_help(get_feature_map_class(name).options_class):
+            assert f"`{option}`" in row and help_text in row
+    assert "`projections` (8)" in table and "`shared_mlp` (true)" in table and '`init` ("identity")' in table

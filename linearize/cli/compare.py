@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..attention.feature_maps import default_comparison
 from . import app, console, friendly_errors
 from .run import SetOpt
 
@@ -16,8 +17,7 @@ from .run import SetOpt
 def compare_command(
     recipe: Annotated[Optional[str], typer.Argument(help="Recipe (default minilm-moviereviews) or YAML file.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Folder (default runs/compare-<recipe>).")] = None,
-    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = ",".join(
-        ["luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n", "elu", "cosformer"]),
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = ",".join(default_comparison()),
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     without_stage1: Annotated[bool, typer.Option(
         "--without-stage1/--no-without-stage1", help="Also run each learnable method without stage 1.")] = True,

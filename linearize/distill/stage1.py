@@ -20,39 +20,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..attention.core import linear_attention_weights, softmax_attention_weights
+from ..config import DistillConfig  # the stage-1 settings live in linearize.config
 from ..convert.api import feature_maps_of
 from ..training import Trainer, atomic_torch_save, clear_checkpoint, make_accelerator
 from .losses import attention_cross_entropy, attention_entropy, output_mse
-
-
-@dataclass
-class DistillConfig:
-    """Stage-1 hyperparameters. Defaults: the papers' (AdamW, cosine, lr 1e-3, one epoch)."""
-
-    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the feature maps."})
-    epochs: float = field(default=1.0, metadata={"help": "Passes over the distillation text (fractions allowed)."})
-    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many steps (overrides epochs)."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "Fraction of steps of linear warmup."})
-    scheduler: str = field(default="cosine", metadata={"help": "cosine | linear | constant."})
-    output_loss_weight: float = field(default=0.0, metadata={
-        "help": "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
-    seed: int = field(default=0, metadata={"help": "Random seed."})
-    checkpoint_every: int = field(default=100, metadata={
-        "help": "Save a resumable checkpoint every N optimizer steps (and always at the end; 0 = only at the end)."})
-    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 (GPU only) | bf16 (accelerate)."})
-    gradient_accumulation_steps: int = field(default=1, metadata={
-        "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
-
-    def to_dict(self):
-        return asdict(self)
 
 
 class DistillRecorder:

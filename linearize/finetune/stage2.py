@@ -24,38 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import FinetuneConfig  # the stage-2 settings live in linearize.config
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
 from ..training import (PROGRESS_FILE, ProgressBar, Trainer, append_jsonl, atomic_torch_save, clear_checkpoint,
                         load_accelerator_checkpoint, make_accelerator, save_accelerator_checkpoint)
-
-
-@dataclass
-class FinetuneConfig:
-    """Stage-2 hyperparameters (defaults: the ``glue`` recipe)."""
-
-    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
-    batch_size: int = field(default=8, metadata={"help": "Training batch size (per process)."})
-    eval_batch_size: int = field(default=64, metadata={"help": "Evaluation batch size."})
-    epochs: float = field(default=10.0, metadata={"help": "Maximum number of epochs."})
-    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many steps (overrides epochs)."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    scheduler: str = field(default="linear", metadata={"help": "linear | cosine | constant."})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "Fraction of steps of linear warmup."})
-    patience: int = field(default=3, metadata={"help": "Early stopping: epochs without dev improvement (0 = off)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 = off)."})
-    seed: int = field(default=0, metadata={"help": "Random seed."})
-    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 (GPU only) | bf16 (accelerate)."})
-    kd_weight: float = field(default=0.0, metadata={
-        "help": "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off)."})
-    kd_temperature: float = field(default=2.0, metadata={"help": "Temperature of that distillation term."})
-    gradient_accumulation_steps: int = field(default=1, metadata={
-        "help": "Micro-batches per optimizer step (effective batch = batch size × this × processes)."})
-    checkpoint_every: int = field(default=200, metadata={
-        "help": "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only)."})
-
-    def to_dict(self):
-        return asdict(self)
 
 
 RECIPES = {

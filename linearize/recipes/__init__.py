@@ -2,7 +2,8 @@
 
 ``load_recipe(name_or_path, overrides)`` reads ``linearize/recipes/<name>.yaml`` (or a YAML
 file path), applies ``--quick`` and ``--set key.sub=value`` overrides, and checks every key
-against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones).
+against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones). Every key, its
+default and its help are defined once, in :mod:`linearize.config`.
 """
 
 from __future__ import annotations
@@ -14,47 +15,14 @@ from pathlib import Path
 
 import yaml
 
+from ..config import recipe_defaults
 from ..errors import LinearizeError
 
 RECIPE_DIR = Path(__file__).parent
 DEFAULT_RECIPE = "minilm-moviereviews"
 
-#: every recipe key with its default; sections are dicts
-DEFAULTS = {
-    "name": None,
-    "description": "",
-    "model": None,  # alias, folder or Hub id; or a dict {config: {...}} for a model trained from scratch
-    "head": "sequence-classification",
-    "task": None,
-    "method": "luna",
-    "options": {},  # feature-map options; a key naming a method holds that method's own (see options_for)
-    "layers": None,
-    "seed": 0,
-    "data": {
-        "data_dir": None, "data_file": None, "train_file": None, "validation_file": None, "test_file": None,
-        "text_column": "text", "text_pair_column": None, "label_column": None, "dev_fraction": None,
-        "seed": 0, "max_length": 128, "max_train_examples": None, "max_eval_examples": None,
-        "image_size": None, "image_mean": None, "image_std": None, "num_channels": None, "crop_scale": [0.08, 1.0],
-    },
-    "teacher": {
-        "finetune": True, "lr": 2e-5, "batch_size": 32, "epochs": 3.0, "max_steps": None, "weight_decay": 0.0,
-        "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
-        "gradient_accumulation_steps": 1, "checkpoint_every": 200, "mixed_precision": "no",
-    },
-    "stage1": {
-        "enabled": True, "lr": 1e-3, "batch_size": 32, "epochs": 1.0, "max_steps": None, "weight_decay": 0.0,
-        "warmup_ratio": 0.0, "scheduler": "cosine", "output_loss_weight": 0.0, "max_grad_norm": 1.0,
-        "eval_batches": 10, "gradient_accumulation_steps": 1, "checkpoint_every": 100, "mixed_precision": "no",
-    },
-    "stage2": {
-        "enabled": True, "lr": 1e-5, "batch_size": 8, "epochs": 10.0, "max_steps": None, "weight_decay": 0.0,
-        "scheduler": "linear", "warmup_ratio": 0.0, "patience": 3, "max_grad_norm": 1.0,
-        "gradient_accumulation_steps": 1, "checkpoint_every": 200, "mixed_precision": "no",
-        "kd_weight": 0.0, "kd_temperature": 2.0,
-    },
-    "eval": {"batch_size": 64, "latency_batch_size": 1, "latency_repeats": 10, "examples": 3},
-    "quick": {},
-}
+#: every recipe key with its default, sections as dicts: derived from ``linearize.config.RunConfig``
+DEFAULTS = recipe_defaults()
 
 
 def list_recipes():

@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+from ..attention.feature_maps import method_notes
+from ..convert.heads import head_for_class
 from ..errors import LinearizeError
 from .results import REPORT_JSON, as_report
 
@@ -27,18 +29,6 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: ``linearize convert`` aliases whose Hub id differs from what the alias resolves to
 _SOURCE_HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
                    "minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
-
-#: architecture suffix -> (pipeline tag, model-index task name); checked in order
-_HEADS = (
-    ("ForSequenceClassification", "text-classification", "Text Classification"),
-    ("ForImageClassificationWithTeacher", "image-classification", "Image Classification"),
-    ("ForImageClassification", "image-classification", "Image Classification"),
-    ("ForMaskedLM", "fill-mask", "Fill-Mask"),
-    ("ForTokenClassification", "token-classification", "Token Classification"),
-    ("ForQuestionAnswering", "question-answering", "Question Answering"),
-    ("ForMaskedImageModeling", None, None),
-    ("ForMultipleChoice", None, None),
-)
 
 #: non-GLUE task name -> (Hub dataset id or None, display name)
 _KNOWN_DATASETS = {
@@ -55,46 +45,8 @@ LINEAR_ATTENTION = (
     "kept as they were; only the feature map's own parameters (if any) are new."
 )
 
-#: method family -> (methods, paragraph)
-METHOD_NOTES = {
-    "luna": (("luna",),
-             "**LUNA** learns the kernel's feature map. Each (scaled) query or key vector is projected onto "
-             "M directions shared by the heads of a layer, φ(x) = (1/√M)·[ψ(wᵢᵀx + bᵢ)]ᵢ, and every "
-             "projection passes through ψ, a small scalar MLP with non-negative outputs (L channels); "
-             "the projections and the MLPs are learned."),
-    "hedgehog": (("hedgehog",),
-                 "**Hedgehog** (Zhang et al., 2024, *The Hedgehog & the Porcupine*) uses "
-                 "φ(x) = [softmax(Wx), softmax(−Wx)], a learned per-head projection W (identity at "
-                 "initialisation) followed by a softmax over the feature axis, trained to mimic the spiky, "
-                 "monotonic softmax attention weights."),
-    "t2r": (("t2r",),
-            "**T2R** (Kasai et al., 2021, *Finetuning Pretrained Transformers into RNNs*) uses a learned "
-            "ReLU feature map, φ(x) = ReLU(Wx + b), with one W and b per head."),
-    "performer": (("performer",),
-                  "**Performer** FAVOR+ (Choromanski et al., 2021) estimates the softmax kernel with "
-                  "positive orthogonal random features, φ(x) = exp(ωᵢᵀx − ‖x‖²/2)/√m, whose dot product "
-                  "is an unbiased estimate of exp(qᵀk). The random directions ω are drawn once, saved "
-                  "with the model and never redrawn (they are learned when `learnable=True`)."),
-    "darkformer": (("darkformer",),
-                   "**DARKFormer** applies positive random features to Mx with a learned per-head matrix M, "
-                   "so that φ(q)ᵀφ(k) estimates exp(qᵀΣk) with a learned covariance Σ = MᵀM "
-                   "(M = identity at initialisation, which is the Performer estimate)."),
-    "flexformer": (("flexformer-s", "flexformer-n"),
-                   "**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
-                   "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
-                   "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
-                   "(`flexformer-n`, Yaglom's theorem) learns pairs of frequencies and the bandwidth of "
-                   "the envelope, and can represent kernels that depend on more than q − k."),
-    "fixed": (("elu", "relu", "cosformer"),
-              "**Fixed feature maps** add no parameters: `elu` uses φ(x) = elu(x) + 1 (Katharopoulos "
-              "et al., 2020, *Transformers are RNNs*), `relu` uses φ(x) = ReLU(x), and `cosformer` "
-              "(Qin et al., 2022) re-weights ReLU features by the cosine and sine of the token's position "
-              "in its sequence, so that nearby tokens attend to each other more."),
-    "softmax": (("softmax",),
-                "**softmax** is exact softmax attention computed through linearize's attention patch: the "
-                "control of every conversion. Its outputs equal the source model's, and it brings no "
-                "linear-attention speed-up."),
-}
+#: method family -> (methods, paragraph): every feature map's ``card_note``
+METHOD_NOTES = method_notes()
 
 
 
@@ -152,9 +104,9 @@ def source_info(source):
 
 def head_of(architecture, base_model_type=None, config=None):
     """``(pipeline tag, task display name)`` for a model class name (base models: feature extraction)."""
-    for suffix, tag, name in _HEADS:
-        if architecture and architecture.endswith(suffix):
-            return tag, name
+    head = head_for_class(architecture)
+    if head is not None:
+        return head.pipeline_tag, head.task_name
     if base_model_type == "timm" and ((config or {}).get("timm_kwargs") or {}).get("num_classes", 1000) != 0:
         return "image-classification", "Image Classification"
     vision = base_model_type == "timm" or bool(config and "image_size" in config)
@@ -247,7 +199,7 @@ def usage_snippet(repo_id, config, block, files):
     elif masked_lm and has_tokenizer and not vision:
         lines += ['masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
                   "print(tokenizer.decode(outputs.logits[0, masked].argmax(-1)))"]
-    elif not any(architecture.endswith(suffix) for suffix, _, _ in _HEADS):
+    elif head_for_class(architecture) is None:
         lines += ["print(outputs.last_hidden_state.shape)  # (batch, tokens, hidden size)"]
     else:
         lines += ["print(outputs[0].shape)"]

@@ -1,12 +1,35 @@
-"""The feature-map library: importing this package registers every method."""
+"""The feature-map library: importing this package imports every module in it, which registers
+every method (a new method is one new file here; see ``base.py``)."""
 
-from .base import (FEATURE_MAPS, FeatureMap, check_method_options, create_feature_map, get_feature_map_class,
-                   method_options, methods, register_feature_map)
-from . import luna, hedgehog, t2r, performer, darkformer, flexformer, fixed, cosformer, softmax  # noqa: F401
+import importlib
+import json
+import pkgutil
 
-#: the modules, in order, that a saved model's self-contained remote code bundles
-MAP_MODULES = ["base", "luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer", "fixed", "cosformer",
-               "softmax"]
+from .base import (FEATURE_MAPS, FeatureMap, MethodOptions, OptionError, check_field_types, check_method_options,
+                   create_feature_map, default_comparison, get_feature_map_class, method_notes, method_options,
+                   method_settings, methods, option_help, register_feature_map)
 
-__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "check_method_options", "create_feature_map",
-           "get_feature_map_class", "method_options", "methods", "register_feature_map"]
+#: the modules, in order, that a saved model's self-contained remote code bundles: ``base``
+#: first, then every other module of this package
+MAP_MODULES = ["base"] + sorted(info.name for info in pkgutil.iter_modules(__path__) if info.name != "base")
+for _name in MAP_MODULES:
+    importlib.import_module(f".{_name}", __name__)
+del _name
+
+
+def methods_table():
+    """The README's methods table (Markdown) from the registry: name, paper, options with their
+    defaults and help."""
+    lines = ["| method | paper | options (default): meaning |", "|---|---|---|"]
+    for name in methods():
+        cls = get_feature_map_class(name)
+        options = "<br>".join(f"`{option}` ({json.dumps(default)}): {help_text}"
+                              for option, default, help_text in option_help(cls.options_class))
+        lines.append(f"| `{name}` | {cls.paper} | {options or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "MethodOptions", "OptionError", "check_field_types",
+           "check_method_options", "create_feature_map", "default_comparison", "get_feature_map_class",
+           "method_notes", "method_options", "method_settings", "methods", "methods_table", "option_help",
+           "register_feature_map"]

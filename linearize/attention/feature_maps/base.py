@@ -1,27 +1,100 @@
-"""The feature-map base class and the one registry of methods.
+"""The feature-map base class, its options and the one registry of methods.
 
 A feature map φ: R^d → R^D turns a head's query/key rows into features whose inner product
-is the attention kernel (../shared/METHODS.md). Adding a method:
+is the attention kernel (../shared/METHODS.md). Adding a method is one new file and one test row:
 
-1. write ``linearize/attention/feature_maps/<method>.py`` with a ``FeatureMap`` subclass
-   that sets ``name``, ``paper`` and ``feature_dim``, takes its options as keyword arguments
-   of ``__init__`` after ``head_dim`` and ``num_heads``, and implements ``forward``;
-2. decorate it with ``@register_feature_map`` (duplicates are refused);
-3. import it in ``feature_maps/__init__.py`` (and list it in ``MAP_MODULES`` there, which is
-   what a saved model's remote code bundles);
-4. add its row to ``tests/test_feature_maps.py``'s ``METHOD_CASES``.
+1. write ``linearize/attention/feature_maps/<method>.py`` (every module of this package is
+   imported, and bundled into a saved model's remote code, automatically) with
+
+   - a ``@dataclass`` subclass of :class:`MethodOptions`, one ``field(default=...,
+     metadata={"help": ...})`` per option (name it ``<Method>Options``: the remote code puts
+     every module in one file, so module-level names must not collide);
+   - a ``FeatureMap`` subclass decorated with ``@register_feature_map`` (duplicates are
+     refused) that sets ``name``, ``paper``, ``options_class``, ``card_note`` (its paragraph of
+     a pushed model's card), ``in_default_comparison`` (whether ``linearize compare`` runs it
+     by default) and ``order`` (its place in ``linearize methods``), reads its options from
+     ``self.settings`` and implements ``forward``;
+
+2. add its row to ``tests/test_feature_maps.py``'s ``METHOD_CASES``.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from ..core import linear_attention, linear_attention_weights
 
 FEATURE_MAPS: dict = {}
+
+
+class OptionError(LinearizeError, ValueError):
+    """An unknown method, an unknown option, or an option value of the wrong type."""
+
+
+def _type_name(kind):
+    return "none" if kind is type(None) else getattr(kind, "__name__", str(kind))
+
+
+def _value_fits(value, kind):
+    """``value`` is of the annotated type ``kind``: bool is not an int, an int is a float, and
+    ``list[X]`` / ``X | None`` / ``Any`` are looked into; nothing is converted."""
+    origin = typing.get_origin(kind)
+    if kind is typing.Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_value_fits(value, arg) for arg in typing.get_args(kind))
+    if origin in (list, tuple):
+        item = (typing.get_args(kind) or (typing.Any,))[0]
+        return isinstance(value, (list, tuple)) and all(_value_fits(v, item) for v in value)
+    if origin is dict or kind is dict:
+        return isinstance(value, dict)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _describe(kind):
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(kind))
+    if typing.get_origin(kind) in (list, tuple):
+        return f"a list of {_describe((typing.get_args(kind) or (typing.Any,))[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            type(None): "null"}.get(kind, _type_name(kind))
+
+
+def check_field_types(config, where=""):
+    """``OptionError`` (one line) if a field of the dataclass instance ``config`` holds a value of
+    another type than its annotation; ``where`` prefixes the field's name in the message."""
+    hints = typing.get_type_hints(type(config))
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if not _value_fits(value, hints[item.name]):
+            raise OptionError(f"{where}{item.name} must be {_describe(hints[item.name])}, got {value!r}")
+
+
+@dataclass
+class MethodOptions:
+    """A method's options: subclass it with one ``field(default=..., metadata={"help": ...})``
+    per option. The values are checked against the field types on construction."""
+
+    def __post_init__(self):
+        check_field_types(self, "option ")
+
+
+def option_help(options_class):
+    """``[(option, default, help)]`` of a method's options dataclass, in field order."""
+    return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(options_class)]
 
 
 def register_feature_map(cls):
@@ -36,37 +109,67 @@ def register_feature_map(cls):
 
 
 def methods():
-    """The registered method names, in registration order."""
-    return list(FEATURE_MAPS)
+    """The registered method names, by their ``order`` (then name)."""
+    return sorted(FEATURE_MAPS, key=lambda name: (FEATURE_MAPS[name].order, name))
+
+
+def default_comparison():
+    """The methods ``linearize compare`` runs when none are named (``in_default_comparison``)."""
+    return [name for name in methods() if FEATURE_MAPS[name].in_default_comparison]
+
+
+def method_notes():
+    """``{first method: (methods, paragraph)}``: the model-card paragraphs (``card_note``), the
+    methods that share a paragraph grouped under it."""
+    notes = {}
+    for name in methods():
+        note = FEATURE_MAPS[name].card_note
+        family = next((key for key, (_, text) in notes.items() if text == note), name)
+        notes[family] = (notes.get(family, ((), note))[0] + (name,), note)
+    return notes
 
 
 def method_options(method):
     """``{option: default}`` for a registered method."""
-    cls = get_feature_map_class(method)
-    params = list(inspect.signature(cls.__init__).parameters.values())[3:]  # self, head_dim, num_heads
-    return {p.name: p.default for p in params if p.kind == p.KEYWORD_ONLY or p.kind == p.POSITIONAL_OR_KEYWORD}
+    return {name: default for name, default, _ in option_help(get_feature_map_class(method).options_class)}
 
 
 def get_feature_map_class(method):
     if method not in FEATURE_MAPS:
-        raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(methods())}")
+        raise OptionError(f"unknown method {method!r}; valid methods: {', '.join(methods())}")
     return FEATURE_MAPS[method]
 
 
-def check_method_options(method, options):
-    """``ValueError`` listing the valid names if ``method`` is unknown or an option is not its."""
-    valid = method_options(method)  # rejects an unknown method
+def method_settings(method, options):
+    """The options dataclass of ``method`` holding ``options``; ``OptionError`` (listing the valid
+    names) for an unknown method or option, or a value of the wrong type."""
+    return settings_of(get_feature_map_class(method), options)
+
+
+def settings_of(cls, options):
+    """``cls.options_class(**options)``, refusing an unknown option or a badly typed value."""
+    valid = [name for name, _, _ in option_help(cls.options_class)]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         listed = ", ".join(valid) if valid else "(none)"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
-                         f"valid options: {listed}")
+        raise OptionError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {cls.name!r}; "
+                          f"valid options: {listed}")
+    try:
+        return cls.options_class(**options)
+    except OptionError as error:
+        raise OptionError(f"{cls.name}: {error}") from None
+
+
+def check_method_options(method, options):
+    """``OptionError`` (a ``ValueError``) if ``method`` is unknown, an option is not its, or a
+    value has the wrong type."""
+    method_settings(method, options)
 
 
 def create_feature_map(method, head_dim, num_heads=1, **options):
     """Build the feature map of ``method`` for one layer's head geometry.
 
-    Unknown methods and options raise ``ValueError`` listing the valid names.
+    Unknown methods and options, and badly typed values, raise ``OptionError``.
     """
     check_method_options(method, options)
     return get_feature_map_class(method)(head_dim, num_heads, **options)
@@ -90,6 +193,14 @@ class FeatureMap(nn.Module):
     chunkable: bool = False
     #: every feature is >= 0 (so every kernel value is): the normaliser needs no sign guard
     nonnegative: bool = False
+    #: the dataclass of the method's options (defaults and help text live there)
+    options_class: type = MethodOptions
+    #: the method's paragraph in a pushed model's card (methods with the same text share it)
+    card_note: str = ""
+    #: ``linearize compare`` runs the method when no methods are named
+    in_default_comparison: bool = False
+    #: its place in ``linearize.methods()`` (ties by name): a new method comes after the others
+    order: int = 100
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
@@ -97,7 +208,8 @@ class FeatureMap(nn.Module):
             raise ValueError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
         self.head_dim = int(head_dim)
         self.num_heads = int(num_heads)
-        self.options = dict(options)  # the constructor options, as saved in a model's config
+        self.settings = settings_of(type(self), options)  # the options dataclass
+        self.options = dataclasses.asdict(self.settings)  # every option, as saved in a model's config
         self.feature_dim = self.head_dim
 
     def forward(self, x, mask=None):  # pragma: no cover - abstract

@@ -22,6 +22,11 @@ class CosformerFeatureMap(FeatureMap):
     chunkable = True
     nonnegative = True
     paper = "cosFormer (Qin et al. 2022) eq. 9-11"
+    in_default_comparison = True
+    order = 9
+    card_note = ("**cosFormer** (Qin et al., 2022) adds no parameters: it re-weights ReLU features by the cosine "
+                 "and sine of the token's position in its sequence, so that nearby tokens attend to each other "
+                 "more.")
 
     def __init__(self, head_dim, num_heads=1):
         super().__init__(head_dim, num_heads)

@@ -14,10 +14,21 @@ does this when calibration data is given). Stabilised in log space like ``perfor
 from __future__ import annotations
 
 import torch
+from dataclasses import dataclass, field
+
 from torch import nn
 
-from .base import FeatureMap, register_feature_map, seeded_generator
+from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
 from .performer import positive_random_features
+
+
+@dataclass
+class DarkformerOptions(MethodOptions):
+    num_features: int = field(default=64, metadata={"help": "m: random features per head."})
+    seed: int = field(default=0, metadata={"help": "Seed of the random rows z (offset by the layer index)."})
+    rank: int | None = field(default=None, metadata={"help": "r: rows of M; default the head dim."})
+    init: str = field(default="identity", metadata={
+        "help": "identity, or whiten (M = the inverse square root of the q/k covariance, from calibration data)."})
 
 
 @register_feature_map
@@ -26,11 +37,19 @@ class DarkformerFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     paper = "DARKFormer §4.1 eq. 3"
+    options_class = DarkformerOptions
+    in_default_comparison = True
+    order = 4
+    card_note = ("**DARKFormer** applies positive random features to Mx with a learned per-head matrix M, "
+                 "so that φ(q)ᵀφ(k) estimates exp(qᵀΣk) with a learned covariance Σ = MᵀM "
+                 "(M = identity at initialisation, which is the Performer estimate).")
 
-    def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, rank=None, init="identity"):
-        super().__init__(head_dim, num_heads, num_features=num_features, seed=seed, rank=rank, init=init)
-        self.num_features = int(num_features)
-        self.rank = self.head_dim if rank is None else int(rank)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        num_features, seed, rank, init = (self.settings.num_features, self.settings.seed, self.settings.rank,
+                                          self.settings.init)
+        self.num_features = num_features
+        self.rank = self.head_dim if rank is None else rank
         if self.num_features < 1 or not 1 <= self.rank <= self.head_dim:
             raise ValueError(f"darkformer: need num_features >= 1 and 1 <= rank <= head_dim ({self.head_dim}), "
                              f"got {num_features} and {rank}")

@@ -15,12 +15,20 @@ import torch.nn.functional as F
 from .base import FeatureMap, register_feature_map
 
 
+#: elu's and relu's card paragraph (one paragraph for both)
+FIXED_MAPS_NOTE = ("**Fixed feature maps** add no parameters: `elu` uses φ(x) = elu(x) + 1 (Katharopoulos "
+                   "et al., 2020, *Transformers are RNNs*) and `relu` uses φ(x) = ReLU(x).")
+
+
 @register_feature_map
 class EluFeatureMap(FeatureMap):
     name = "elu"
     nonnegative = True
     chunkable = True
     paper = "Linear Transformer (Katharopoulos et al. 2020) eq. 7"
+    card_note = FIXED_MAPS_NOTE
+    in_default_comparison = True
+    order = 7
 
     def forward(self, x, mask=None):
         # elu(x) + 1 = exp(min(x, 0)) + relu(x), value and gradient (1 at x = 0) alike; ATen's
@@ -34,6 +42,8 @@ class ReluFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     paper = "ReLU map (linear-attention tutorial)"
+    card_note = FIXED_MAPS_NOTE
+    order = 8
 
     def forward(self, x, mask=None):
         return F.relu(x), None

@@ -24,21 +24,37 @@ value negative; the core's guarded normaliser keeps the weights finite and
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .base import FeatureMap, register_feature_map
+from .base import FeatureMap, MethodOptions, register_feature_map
 
 
 def _frequencies(num_heads, num_frequencies, head_dim):
     return nn.Parameter(torch.randn(num_heads, num_frequencies, head_dim))
 
 
+@dataclass
+class FlexformerOptions(MethodOptions):
+    num_frequencies: int | None = field(default=None, metadata={
+        "help": "n: learned frequencies per head (features = 2n); default the head dim."})
+
+
 class _Flexformer(FeatureMap):
-    def __init__(self, head_dim, num_heads=1, *, num_frequencies=None):
-        super().__init__(head_dim, num_heads, num_frequencies=num_frequencies)
-        self.num_frequencies = self.head_dim if num_frequencies is None else int(num_frequencies)
+    options_class = FlexformerOptions
+    in_default_comparison = True
+    card_note = ("**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
+                 "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
+                 "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
+                 "(`flexformer-n`, Yaglom's theorem) learns pairs of frequencies and the bandwidth of "
+                 "the envelope, and can represent kernels that depend on more than q − k.")
+
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        num_frequencies = self.settings.num_frequencies
+        self.num_frequencies = self.head_dim if num_frequencies is None else num_frequencies
         if self.num_frequencies < 1:
             raise ValueError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
         self.feature_dim = 2 * self.num_frequencies
@@ -49,9 +65,10 @@ class FlexformerStationaryFeatureMap(_Flexformer):
     name = "flexformer-s"
     chunkable = True
     paper = "Flexformer-s §3.2 eq. 4-5"
+    order = 5
 
-    def __init__(self, head_dim, num_heads=1, *, num_frequencies=None):
-        super().__init__(head_dim, num_heads, num_frequencies=num_frequencies)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
         self.omega = _frequencies(self.num_heads, self.num_frequencies, self.head_dim)
 
     def forward(self, x, mask=None):
@@ -65,9 +82,10 @@ class FlexformerNonstationaryFeatureMap(_Flexformer):
     name = "flexformer-n"
     chunkable = True
     paper = "Flexformer-n §3.2 eq. 6"
+    order = 6
 
-    def __init__(self, head_dim, num_heads=1, *, num_frequencies=None):
-        super().__init__(head_dim, num_heads, num_frequencies=num_frequencies)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
         self.omega1 = _frequencies(self.num_heads, self.num_frequencies, self.head_dim)
         self.omega2 = _frequencies(self.num_heads, self.num_frequencies, self.head_dim)
         self.tau = nn.Parameter(torch.full((self.num_heads,), math.log(2.0)))

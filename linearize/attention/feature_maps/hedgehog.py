@@ -9,9 +9,17 @@ Softmax over features is bounded in (0, 1), so no stabilisation is needed.
 from __future__ import annotations
 
 import torch
+from dataclasses import dataclass, field
+
 from torch import nn
 
-from .base import FeatureMap, register_feature_map
+from .base import FeatureMap, MethodOptions, register_feature_map
+
+
+@dataclass
+class HedgehogOptions(MethodOptions):
+    feature_dim: int | None = field(default=None, metadata={
+        "help": "d': rows of W (features = 2d'); default the head dim."})
 
 
 @register_feature_map
@@ -20,10 +28,18 @@ class HedgehogFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     paper = "Hedgehog (Zhang et al. 2024) eq. 3"
+    options_class = HedgehogOptions
+    in_default_comparison = True
+    order = 1
+    card_note = ("**Hedgehog** (Zhang et al., 2024, *The Hedgehog & the Porcupine*) uses "
+                 "φ(x) = [softmax(Wx), softmax(−Wx)], a learned per-head projection W (identity at "
+                 "initialisation) followed by a softmax over the feature axis, trained to mimic the spiky, "
+                 "monotonic softmax attention weights.")
 
-    def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
-        super().__init__(head_dim, num_heads, feature_dim=feature_dim)
-        width = self.head_dim if feature_dim is None else int(feature_dim)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        feature_dim = self.settings.feature_dim
+        width = self.head_dim if feature_dim is None else feature_dim
         if width < 1:
             raise ValueError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = 2 * width

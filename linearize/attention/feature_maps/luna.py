@@ -37,9 +37,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+from dataclasses import dataclass, field
+
 from torch import nn
 
-from .base import FeatureMap, register_feature_map
+from .base import FeatureMap, MethodOptions, register_feature_map
 
 
 class PiecewiseLinear(torch.autograd.Function):
@@ -81,27 +83,46 @@ class PiecewiseLinear(torch.autograd.Function):
         return grad_u, grad_table, None
 
 
+@dataclass
+class LunaOptions(MethodOptions):
+    projections: int = field(default=8, metadata={"help": "M: projections w_i^T x + b_i per layer."})
+    channels: int = field(default=8, metadata={"help": "L: outputs of psi per projection (features = M*L)."})
+    hidden: int = field(default=64, metadata={"help": "Hidden units of psi's scalar MLP."})
+    shared_mlp: bool = field(default=True, metadata={
+        "help": "One psi MLP with L outputs (true) or L MLPs with one output each (false)."})
+    envelope: bool = field(default=False, metadata={"help": "The envelope-gated variant (LUNA §5.4, Table 5)."})
+    ch_rms: bool = field(default=False, metadata={"help": "Listing 1's channel RMS scaling of psi."})
+    ch_rms_target: float = field(default=0.1, metadata={"help": "The target RMS of that scaling."})
+    shared_projections: bool = field(default=True, metadata={
+        "help": "One projection per layer (Listing 1) or, false, one per head (same cost)."})
+
+
 @register_feature_map
 class LunaFeatureMap(FeatureMap):
     name = "luna"
     nonnegative = True
     paper = "LUNA §3.2 eq. 11, Listing 1"
+    options_class = LunaOptions
+    in_default_comparison = True
+    order = 0
+    card_note = ("**LUNA** learns the kernel's feature map. Each (scaled) query or key vector is projected onto "
+                 "M directions shared by the heads of a layer, φ(x) = (1/√M)·[ψ(wᵢᵀx + bᵢ)]ᵢ, and every "
+                 "projection passes through ψ, a small scalar MLP with non-negative outputs (L channels); "
+                 "the projections and the MLPs are learned.")
 
-    def __init__(self, head_dim, num_heads=1, *, projections=8, channels=8, hidden=64, shared_mlp=True,
-                 envelope=False, ch_rms=False, ch_rms_target=0.1, shared_projections=True):
-        super().__init__(head_dim, num_heads, projections=projections, channels=channels, hidden=hidden,
-                         shared_mlp=shared_mlp, envelope=envelope, ch_rms=ch_rms, ch_rms_target=ch_rms_target,
-                         shared_projections=shared_projections)
-        m, channels, hidden = int(projections), int(channels), int(hidden)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        config = self.settings
+        m, channels, hidden = config.projections, config.channels, config.hidden
         if min(m, channels, hidden) < 1:
             raise ValueError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
         self.projections, self.channels, self.hidden = m, channels, hidden
-        self.shared_mlp, self.use_envelope = bool(shared_mlp), bool(envelope)
-        self.ch_rms, self.ch_rms_target = bool(ch_rms), float(ch_rms_target)
+        self.shared_mlp, self.use_envelope = config.shared_mlp, config.envelope
+        self.ch_rms, self.ch_rms_target = config.ch_rms, float(config.ch_rms_target)
         self.chunkable = not self.ch_rms  # the channel RMS is taken over the whole sequence
         self.feature_dim = m * channels
         d = self.head_dim
-        self.shared_projections = bool(shared_projections)
+        self.shared_projections = config.shared_projections
         heads = () if self.shared_projections else (self.num_heads,)
         self.proj_weight = nn.Parameter(torch.randn(*heads, m, d) / math.sqrt(d))
         self.proj_bias = nn.Parameter(torch.zeros(*heads, m))

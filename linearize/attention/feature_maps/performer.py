@@ -19,9 +19,11 @@ from __future__ import annotations
 import math
 
 import torch
+from dataclasses import dataclass, field
+
 from torch import nn
 
-from .base import FeatureMap, register_feature_map, seeded_generator
+from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
 
 
 def orthogonal_gaussian(rows, dim, generator):
@@ -48,16 +50,31 @@ def positive_random_features(x, omega, num_features):
     return torch.exp(proj - top), shift
 
 
+@dataclass
+class PerformerOptions(MethodOptions):
+    num_features: int = field(default=64, metadata={"help": "m: random features per head."})
+    seed: int = field(default=0, metadata={"help": "Seed of the random directions (offset by the layer index)."})
+    learnable: bool = field(default=False, metadata={"help": "Learn the directions (DARKFormer's LFK baseline)."})
+
+
 @register_feature_map
 class PerformerFeatureMap(FeatureMap):
     name = "performer"
     nonnegative = True
     chunkable = True
     paper = "Performer FAVOR+ (Choromanski et al. 2021)"
+    options_class = PerformerOptions
+    in_default_comparison = True
+    order = 3
+    card_note = ("**Performer** FAVOR+ (Choromanski et al., 2021) estimates the softmax kernel with "
+                 "positive orthogonal random features, φ(x) = exp(ωᵢᵀx − ‖x‖²/2)/√m, whose dot product "
+                 "is an unbiased estimate of exp(qᵀk). The random directions ω are drawn once, saved "
+                 "with the model and never redrawn (they are learned when `learnable=True`).")
 
-    def __init__(self, head_dim, num_heads=1, *, num_features=64, seed=0, learnable=False):
-        super().__init__(head_dim, num_heads, num_features=num_features, seed=seed, learnable=learnable)
-        self.num_features = int(num_features)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        num_features, seed, learnable = self.settings.num_features, self.settings.seed, self.settings.learnable
+        self.num_features = num_features
         if self.num_features < 1:
             raise ValueError(f"performer: num_features must be >= 1, got {num_features}")
         self.feature_dim = self.num_features

@@ -19,6 +19,10 @@ class SoftmaxAttention(FeatureMap):
     name = "softmax"
     paper = "exact softmax (Vaswani et al. 2017)"
     exact_softmax = True
+    order = 1000  # listed last
+    card_note = ("**softmax** is exact softmax attention computed through linearize's attention patch: the "
+                 "control of every conversion. Its outputs equal the source model's, and it brings no "
+                 "linear-attention speed-up.")
 
     def forward(self, x, mask=None):
         raise TypeError("softmax attention has no finite feature map; call attend()")

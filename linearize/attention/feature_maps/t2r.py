@@ -12,9 +12,16 @@ from __future__ import annotations
 import math
 
 import torch
+from dataclasses import dataclass, field
+
 from torch import nn
 
-from .base import FeatureMap, register_feature_map
+from .base import FeatureMap, MethodOptions, register_feature_map
+
+
+@dataclass
+class T2ROptions(MethodOptions):
+    feature_dim: int | None = field(default=None, metadata={"help": "D: rows of W (the features); default the head dim."})
 
 
 @register_feature_map
@@ -23,10 +30,16 @@ class T2RFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     paper = "T2R (Kasai et al. 2021) §3.1"
+    options_class = T2ROptions
+    in_default_comparison = True
+    order = 2
+    card_note = ("**T2R** (Kasai et al., 2021, *Finetuning Pretrained Transformers into RNNs*) uses a learned "
+                 "ReLU feature map, φ(x) = ReLU(Wx + b), with one W and b per head.")
 
-    def __init__(self, head_dim, num_heads=1, *, feature_dim=None):
-        super().__init__(head_dim, num_heads, feature_dim=feature_dim)
-        width = self.head_dim if feature_dim is None else int(feature_dim)
+    def __init__(self, head_dim, num_heads=1, **options):
+        super().__init__(head_dim, num_heads, **options)
+        feature_dim = self.settings.feature_dim
+        width = self.head_dim if feature_dim is None else feature_dim
         if width < 1:
             raise ValueError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = width

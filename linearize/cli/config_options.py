@@ -1,0 +1,65 @@
+"""Command-line options made from a config dataclass (``linearize.config``): one ``--option``
+per field, its default and help taken from the field, so a new stage setting needs no CLI edit."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+import typing
+from typing import Annotated, Optional
+
+import typer
+
+
+def _option_type(kind):
+    """The annotation typer understands: ``X | None`` becomes ``Optional[X]``."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        return Optional[args[0]] if len(args) == 1 else str
+    return kind
+
+
+def config_options(config_class, *, exclude=(), unset_is_none=False, into="config"):
+    """Decorator: the command gains one option per field of ``config_class`` (but ``exclude``)
+    and receives their values as one argument ``into``: a ``config_class`` instance or, with
+    ``unset_is_none``, the dict of the options given (every option defaults to None, so a preset
+    chosen by the command fills the rest; the help names the field's default)."""
+    hints = typing.get_type_hints(config_class)
+    chosen = [f for f in dataclasses.fields(config_class) if f.name not in exclude]
+
+    def parameter(item):
+        kind = _option_type(hints[item.name])
+        if unset_is_none:
+            kind = Optional[_option_type(hints[item.name])]
+            help_text = f"{item.metadata.get('help', '')} (Default {_default_of(item)} unless --recipe sets another.)"
+            default = None
+        else:
+            help_text, default = item.metadata.get("help", ""), _default_of(item)
+        annotation = Annotated[kind, typer.Option(help=help_text, show_default=not unset_is_none)]
+        return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    def decorate(command):
+        signature = inspect.signature(command, eval_str=True)
+        kept = [p for p in signature.parameters.values() if p.name != into]
+        added = [parameter(item) for item in chosen]
+
+        @functools.wraps(command)
+        def wrapper(*args, **kwargs):
+            values = {item.name: kwargs.pop(item.name) for item in chosen}
+            if unset_is_none:
+                kwargs[into] = {name: value for name, value in values.items() if value is not None}
+            else:
+                kwargs[into] = config_class(**values)
+            return command(*args, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=kept + added)
+        wrapper.__annotations__ = {p.name: p.annotation for p in kept + added}
+        return wrapper
+
+    return decorate
+
+
+def _default_of(item):
+    return item.default_factory() if item.default is dataclasses.MISSING else item.default

@@ -1,0 +1,214 @@
+"""The run configuration: every setting of a run, its default and its help, defined once.
+
+A recipe (``linearize/recipes/*.yaml``) fills a :class:`RunConfig`: the run's own keys plus one
+section per part of the run — :class:`DataConfig`, :class:`TeacherConfig`,
+:class:`Stage1Config`, :class:`Stage2Config` and :class:`EvalConfig`. The training stages take
+their own settings, :class:`DistillConfig` (stage 1) and :class:`FinetuneConfig` (stage 2 and
+the teacher); a section is its stage's config plus the run's keys for that stage.
+Derived from these dataclasses, never written again: ``recipes.DEFAULTS`` (:func:`recipe_defaults`)
+and the stage options of ``linearize distill`` / ``linearize finetune``
+(``cli.config_options``). A new stage setting is one field here.
+
+Every field states its type; :meth:`Config.check` refuses a value of another type in one line
+(``OptionError``), as a method's options do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attention.feature_maps import check_field_types
+
+
+def setting(default, help):
+    """A config field: its default and its help text (peft style); a list, a dict or a section
+    (a config class) is made afresh for every instance."""
+    if isinstance(default, type):
+        return field(default_factory=default, metadata={"help": help})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def restate(config_class, name, default):
+    """The field ``name`` of ``config_class`` (its help) with another default."""
+    return field(default=default, metadata=config_class.__dataclass_fields__[name].metadata)
+
+
+class Config:
+    """Base of the config dataclasses: ``to_dict``, ``check`` and their fields' help."""
+
+    #: fields a recipe section does not carry (the run sets them once for every stage)
+    not_in_recipe: tuple = ()
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def check(self, where=""):
+        """``OptionError`` if a field holds a value of another type than its annotation."""
+        check_field_types(self, where)
+        return self
+
+    @classmethod
+    def help(cls, name):
+        return cls.__dataclass_fields__[name].metadata.get("help", "")
+
+    @classmethod
+    def recipe_keys(cls):
+        """The keys of this section in a recipe, in field order."""
+        return [f.name for f in dataclasses.fields(cls) if f.name not in cls.not_in_recipe]
+
+
+@dataclass
+class DistillConfig(Config):
+    """Stage-1 hyperparameters. Defaults: the papers' (AdamW, cosine, lr 1e-3, one epoch)."""
+
+    lr: float = setting(1e-3, "AdamW learning rate of the feature maps.")
+    epochs: float = setting(1.0, "Passes over the distillation text (fractions allowed).")
+    max_steps: int | None = setting(None, "Stop after this many steps (overrides epochs).")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+    warmup_ratio: float = setting(0.0, "Fraction of steps of linear warmup.")
+    scheduler: str = setting("cosine", "cosine | linear | constant.")
+    output_loss_weight: float = setting(
+        0.0, "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off.")
+    max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 = off).")
+    seed: int = setting(0, "Random seed.")
+    checkpoint_every: int = setting(
+        100, "Save a resumable checkpoint every N optimizer steps (and always at the end; 0 = only at the end).")
+    mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
+    gradient_accumulation_steps: int = setting(
+        1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
+
+
+@dataclass
+class FinetuneConfig(Config):
+    """Stage-2 hyperparameters (defaults: the ``glue`` recipe)."""
+
+    lr: float = setting(1e-5, "AdamW learning rate.")
+    batch_size: int = setting(8, "Training batch size (per process).")
+    epochs: float = setting(10.0, "Maximum number of epochs.")
+    max_steps: int | None = setting(None, "Stop after this many steps (overrides epochs).")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+    scheduler: str = setting("linear", "linear | cosine | constant.")
+    warmup_ratio: float = setting(0.0, "Fraction of steps of linear warmup.")
+    patience: int = setting(3, "Early stopping: epochs without dev improvement (0 = off).")
+    max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 = off).")
+    seed: int = setting(0, "Random seed.")
+    mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
+    kd_weight: float = setting(
+        0.0, "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off).")
+    kd_temperature: float = setting(2.0, "Temperature of that distillation term.")
+    gradient_accumulation_steps: int = setting(
+        1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
+    checkpoint_every: int = setting(
+        200, "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only).")
+
+
+# ---- the recipe's sections ------------------------------------------------------------------------
+
+@dataclass
+class DataConfig(Config):
+    """Recipe section ``data``: where the task's data comes from and how it is cut."""
+
+    data_dir: str | None = setting(None, "Local data: GLUE's own layout, an image folder, or Fashion-MNIST IDX files.")
+    data_file: str | None = setting(None, "One CSV/TSV/JSON(L) file, split into train/dev/test.")
+    train_file: str | None = setting(None, "CSV/TSV/JSON(L) training file.")
+    validation_file: str | None = setting(None, "CSV/TSV/JSON(L) dev file.")
+    test_file: str | None = setting(None, "CSV/TSV/JSON(L) test file (reported only).")
+    text_column: str = setting("text", "Text column of data files.")
+    text_pair_column: str | None = setting(None, "Second text column (pairs).")
+    label_column: str | None = setting(None, "Label column of data files.")
+    dev_fraction: float | None = setting(None, "Carve this fraction of train out as the dev (selection) split.")
+    seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
+    max_length: int = setting(128, "Truncate text to this many tokens.")
+    max_train_examples: int | None = setting(None, "Use at most this many training examples.")
+    max_eval_examples: int | None = setting(None, "Use at most this many examples of each evaluation split.")
+    image_size: int | None = setting(None, "Image side in pixels (a model trained from scratch has no processor).")
+    image_mean: list[float] | None = setting(None, "Per-channel mean for image normalisation.")
+    image_std: list[float] | None = setting(None, "Per-channel std for image normalisation.")
+    num_channels: int | None = setting(None, "Image channels (default 3).")
+    crop_scale: list[float] = setting([0.08, 1.0], "Scale range of the training random-resized crop.")
+
+
+@dataclass
+class TeacherConfig(FinetuneConfig):
+    """Recipe section ``teacher``: the softmax teacher's fine-tuning, stage 2's settings with the
+    teacher's defaults (no distillation term: the teacher has no teacher)."""
+
+    not_in_recipe = ("seed", "kd_weight", "kd_temperature")
+
+    finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
+    lr: float = restate(FinetuneConfig, "lr", 2e-5)
+    batch_size: int = restate(FinetuneConfig, "batch_size", 32)
+    epochs: float = restate(FinetuneConfig, "epochs", 3.0)
+
+
+@dataclass
+class Stage1Config(DistillConfig):
+    """Recipe section ``stage1``: attention distillation."""
+
+    not_in_recipe = ("seed",)
+
+    enabled: bool = setting(True, "Run stage 1 (false: go to stage 2 with the freshly converted feature maps).")
+    batch_size: int = setting(32, "Batch size.")
+    eval_batches: int = setting(10, "Dev batches the attention distances are measured on.")
+
+
+@dataclass
+class Stage2Config(FinetuneConfig):
+    """Recipe section ``stage2``: the student's fine-tuning on the task."""
+
+    not_in_recipe = ("seed",)
+
+    enabled: bool = setting(True, "Run stage 2 (false: the stage-1 student is the result).")
+
+
+@dataclass
+class EvalConfig(Config):
+    """Recipe section ``eval``: evaluation and measurements."""
+
+    batch_size: int = setting(64, "Evaluation batch size.")
+    latency_batch_size: int = setting(1, "Batch size of the latency measurement.")
+    latency_repeats: int = setting(10, "Timed forward passes per model.")
+    examples: int = setting(3, "Examples whose attention the report draws.")
+
+
+@dataclass
+class RunConfig(Config):
+    """A whole ``linearize run``: a recipe resolved."""
+
+    name: str | None = setting(None, "The recipe's name (default: its file name).")
+    description: str = setting("", "One line on what the recipe runs.")
+    model: Any = setting(None, "Alias, folder or Hub id; or {config: {...}} for a model trained from scratch.")
+    head: str = setting("sequence-classification", "The task head loaded on the source model.")
+    task: str | None = setting(None, "A GLUE task, moviereviews, fashion-mnist, imagefolder, files or a Hub data set.")
+    method: str = setting("luna", "Attention method (see `linearize methods`).")
+    options: dict = setting({}, "Feature-map options; a key naming a method holds that method's own.")
+    layers: list[int] | None = setting(None, "Attention layer indices to convert (default all).")
+    seed: int = setting(0, "Random seed of every stage.")
+    data: DataConfig = setting(DataConfig, "Where the data comes from.")
+    teacher: TeacherConfig = setting(TeacherConfig, "The softmax teacher.")
+    stage1: Stage1Config = setting(Stage1Config, "Stage 1: attention distillation.")
+    stage2: Stage2Config = setting(Stage2Config, "Stage 2: fine-tuning the student.")
+    eval: EvalConfig = setting(EvalConfig, "Evaluation.")
+    quick: dict = setting({}, "Overrides applied by --quick.")
+
+
+def section_defaults(config):
+    """A config's fields as a recipe holds them: ``{key: default}``, sections nested."""
+    return {name: section_defaults(value) if isinstance(value, Config) else value
+            for name, value in ((key, getattr(config, key)) for key in type(config).recipe_keys())}
+
+
+def recipe_defaults():
+    """Every recipe key with its default (``recipes.DEFAULTS``), from :class:`RunConfig`."""
+    return section_defaults(RunConfig())
+
+
+def stage_config(config_class, values, **fixed):
+    """``config_class`` from the entries of ``values`` that are its fields (a recipe section's
+    other keys, e.g. ``enabled``, are the run's), ``fixed`` winning."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{**{k: v for k, v in values.items() if k in names}, **fixed})
