@@ -19,6 +19,7 @@ import ast
 import inspect
 from pathlib import Path
 
+from .. import errors
 from ..attention import core
 from ..attention import feature_maps
 from . import hf
@@ -80,7 +81,7 @@ def _module_source(module):
 
 def bundled_sources():
     """The attention core, the feature maps and the transformers patch as one source text."""
-    modules = [core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf]
+    modules = [errors, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf]
     parts = []
     for module in modules:
         parts.append(f"# ---- {module.__name__} " + "-" * max(0, 80 - len(module.__name__)))

@@ -164,7 +164,7 @@ def _scheduler(name, optimizer, warmup, total):
         return get_linear_schedule_with_warmup(optimizer, warmup, total)
     if name == "constant":
         return get_constant_schedule_with_warmup(optimizer, warmup)
-    raise ValueError(f"unknown scheduler {name!r}; valid: cosine, linear, constant")
+    raise LinearizeError(f"unknown scheduler {name!r}; valid: cosine, linear, constant")
 
 
 def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=None, checkpoint_dir=None,

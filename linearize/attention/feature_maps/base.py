@@ -19,6 +19,7 @@ import inspect
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from ..core import linear_attention, linear_attention_weights
 
 FEATURE_MAPS: dict = {}
@@ -49,24 +50,24 @@ def method_options(method):
 
 def get_feature_map_class(method):
     if method not in FEATURE_MAPS:
-        raise ValueError(f"unknown method {method!r}; valid methods: {', '.join(methods())}")
+        raise LinearizeError(f"unknown method {method!r}; valid methods: {', '.join(methods())}")
     return FEATURE_MAPS[method]
 
 
 def check_method_options(method, options):
-    """``ValueError`` listing the valid names if ``method`` is unknown or an option is not its."""
+    """``LinearizeError`` listing the valid names if ``method`` is unknown or an option is not its."""
     valid = method_options(method)  # rejects an unknown method
     unknown = sorted(set(options) - set(valid))
     if unknown:
         listed = ", ".join(valid) if valid else "(none)"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
-                         f"valid options: {listed}")
+        raise LinearizeError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
+                             f"valid options: {listed}")
 
 
 def create_feature_map(method, head_dim, num_heads=1, **options):
     """Build the feature map of ``method`` for one layer's head geometry.
 
-    Unknown methods and options raise ``ValueError`` listing the valid names.
+    Unknown methods and options raise ``LinearizeError`` (a ``ValueError``) listing the valid names.
     """
     check_method_options(method, options)
     return get_feature_map_class(method)(head_dim, num_heads, **options)
@@ -94,7 +95,7 @@ class FeatureMap(nn.Module):
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
         if int(head_dim) < 1 or int(num_heads) < 1:
-            raise ValueError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
+            raise LinearizeError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
         self.head_dim = int(head_dim)
         self.num_heads = int(num_heads)
         self.options = dict(options)  # the constructor options, as saved in a model's config

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map, seeded_generator
 from .performer import positive_random_features
 
@@ -32,10 +33,10 @@ class DarkformerFeatureMap(FeatureMap):
         self.num_features = int(num_features)
         self.rank = self.head_dim if rank is None else int(rank)
         if self.num_features < 1 or not 1 <= self.rank <= self.head_dim:
-            raise ValueError(f"darkformer: need num_features >= 1 and 1 <= rank <= head_dim ({self.head_dim}), "
-                             f"got {num_features} and {rank}")
+            raise LinearizeError(f"darkformer: need num_features >= 1 and 1 <= rank <= head_dim ({self.head_dim}), "
+                                 f"got {num_features} and {rank}")
         if init not in ("identity", "whiten"):
-            raise ValueError(f"darkformer: init must be 'identity' or 'whiten', got {init!r}")
+            raise LinearizeError(f"darkformer: init must be 'identity' or 'whiten', got {init!r}")
         self.feature_dim = self.num_features
         self.metric = nn.Parameter(torch.eye(self.rank, self.head_dim).repeat(self.num_heads, 1, 1))  # M [H,r,d]
         z = torch.randn(self.num_heads, self.num_features, self.rank, generator=seeded_generator(seed))

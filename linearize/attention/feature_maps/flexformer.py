@@ -28,6 +28,7 @@ import math
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map
 
 
@@ -40,7 +41,7 @@ class _Flexformer(FeatureMap):
         super().__init__(head_dim, num_heads, num_frequencies=num_frequencies)
         self.num_frequencies = self.head_dim if num_frequencies is None else int(num_frequencies)
         if self.num_frequencies < 1:
-            raise ValueError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
+            raise LinearizeError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
         self.feature_dim = 2 * self.num_frequencies
 
 

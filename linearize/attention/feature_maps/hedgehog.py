@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map
 
 
@@ -25,7 +26,7 @@ class HedgehogFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, feature_dim=feature_dim)
         width = self.head_dim if feature_dim is None else int(feature_dim)
         if width < 1:
-            raise ValueError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
+            raise LinearizeError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = 2 * width
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map
 
 
@@ -94,7 +95,7 @@ class LunaFeatureMap(FeatureMap):
                          shared_projections=shared_projections)
         m, channels, hidden = int(projections), int(channels), int(hidden)
         if min(m, channels, hidden) < 1:
-            raise ValueError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
+            raise LinearizeError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
         self.projections, self.channels, self.hidden = m, channels, hidden
         self.shared_mlp, self.use_envelope = bool(shared_mlp), bool(envelope)
         self.ch_rms, self.ch_rms_target = bool(ch_rms), float(ch_rms_target)

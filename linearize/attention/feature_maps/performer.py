@@ -21,6 +21,7 @@ import math
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map, seeded_generator
 
 
@@ -59,7 +60,7 @@ class PerformerFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, num_features=num_features, seed=seed, learnable=learnable)
         self.num_features = int(num_features)
         if self.num_features < 1:
-            raise ValueError(f"performer: num_features must be >= 1, got {num_features}")
+            raise LinearizeError(f"performer: num_features must be >= 1, got {num_features}")
         self.feature_dim = self.num_features
         generator = seeded_generator(seed)
         omega = torch.stack([orthogonal_gaussian(self.num_features, self.head_dim, generator)

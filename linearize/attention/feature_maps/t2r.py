@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, register_feature_map
 
 
@@ -28,7 +29,7 @@ class T2RFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, feature_dim=feature_dim)
         width = self.head_dim if feature_dim is None else int(feature_dim)
         if width < 1:
-            raise ValueError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
+            raise LinearizeError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = width
         bound = 1.0 / math.sqrt(self.head_dim)
         self.weight = nn.Parameter(torch.empty(self.num_heads, width, self.head_dim).uniform_(-bound, bound))
