@@ -5,7 +5,7 @@ re-renders ``report.md`` and the figures from it (:func:`render_report`), so the
 pictures can improve without re-running anything. Every file is written atomically.
 
 The headline number is LUNA's (Table 2): the student's score as a percentage of the fine-tuned
-softmax teacher's, per metric and averaged. METHODS.md advises to read the attention KL first
+softmax teacher's, per metric and averaged. Read the attention KL first (docs/methods.md)
 (on near bag-of-words tasks accuracy separates methods weakly), so the per-layer stage-1
 distances sit right under the scores, with the worst-distilled layer called out.
 

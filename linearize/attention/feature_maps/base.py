@@ -1,7 +1,7 @@
 """The feature-map base class and the one registry of methods.
 
 A feature map φ: R^d → R^D turns a head's query/key rows into features whose inner product
-is the attention kernel (../shared/METHODS.md). Adding a method:
+is the attention kernel (docs/methods.md has every map's formula and paper). Adding a method:
 
 1. write ``linearize/attention/feature_maps/<method>.py`` with a ``FeatureMap`` subclass
    that sets ``name``, ``paper`` and ``feature_dim``, takes its options as keyword arguments

@@ -1,5 +1,5 @@
-"""DARKFormer: positive random features with a learned covariance (seed darkformer-paper §4.1,
-eq. 3 and Appendix B).
+"""DARKFormer: positive random features with a learned covariance (Farzam et al., "Data-Aware Random
+Feature Kernel for Transformers", §4.1 eq. 3 and Appendix B).
 
     x̃ = Mx,   φ(x) = exp(zᵢᵀx̃ − ‖x̃‖²/2) / √m,   E[φ(q)ᵀφ(k)] = exp(qᵀΣk),  Σ = MᵀM
 

@@ -1,4 +1,5 @@
-"""Flexformer: learnable random-Fourier-feature kernels (seed flexformer-paper §3.2).
+"""Flexformer: learnable random-Fourier-feature kernels (Zhang and Zhou, "Flexformer: Flexible Linear
+Transformer with Learnable Attention Kernel", §3.2).
 
 Both variants split the softmax kernel as in Flexformer eq. 4,
 ``exp(xᵀy) = exp(‖x‖²/2) · exp(−‖x−y‖²/2) · exp(‖y‖²/2)`` (inputs here are already q/d^¼, so the

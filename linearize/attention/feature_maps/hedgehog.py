@@ -1,4 +1,5 @@
-"""Hedgehog (Zhang et al. 2024, "The Hedgehog & the Porcupine", eq. 3; METHODS.md).
+"""Hedgehog (Zhang et al. 2024, "The Hedgehog & the Porcupine: Expressive Linear Attentions with
+Softmax Mimicry", eq. 3).
 
     φ(x) = [softmax(Wx), softmax(−Wx)] ∈ R^{2d'}   (softmax over the feature axis)
 

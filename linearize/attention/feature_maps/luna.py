@@ -1,4 +1,5 @@
-"""LUNA: a learned kernel feature map (Shahbazi et al., seed luna-paper, §3.2 eq. 11, Listing 1).
+"""LUNA: a learned kernel feature map (Shahbazi et al., "LUNA: Linear Universal Neural Attention with
+Generalization Guarantees", §3.2 eq. 11, Listing 1).
 
     φ(x) = (h(x)/√M) · [ψ_ℓ(w_iᵀx + b_i)]_{i ≤ M, ℓ ≤ L} ∈ R^{M·L}
 
