@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
 
 DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -258,7 +259,6 @@ def parse_method_list(text):
 
     Commas inside parentheses belong to the options; values are read as YAML scalars.
     """
-    from .errors import LinearizeError
     from .recipes import parse_options
 
     parts, depth, current = [], 0, ""
@@ -305,7 +305,7 @@ def _method_specs(methods):
         check_method_options(name, options)  # before any timing: a typo fails at once
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
         if label in (SDPA, EAGER) or label in [s[0] for s in specs]:
-            raise ValueError(f"duplicate or reserved benchmark label {label!r}")
+            raise LinearizeError(f"duplicate or reserved benchmark label {label!r}")
         specs.append((label, name, options))
     return specs
 
@@ -400,7 +400,7 @@ def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, me
 
     base = _load_model(model).eval()
     if is_converted(base):
-        raise ValueError("bench_model needs the softmax model: this one is already converted (linearize.revert it)")
+        raise LinearizeError("bench_model needs the softmax model: this one is already converted (linearize.revert it)")
     implementation = getattr(base.config, "_attn_implementation", None) or "default"
     softmax_label = f"softmax ({implementation})"
     models = {softmax_label: base}
@@ -638,9 +638,9 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     seq_lens = [int(n) for n in seq_lens]
     model_seq_lens = [int(n) for n in model_seq_lens or ()]
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+        raise LinearizeError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     if not seq_lens or min(seq_lens) < 1:
-        raise ValueError(f"seq_lens must be positive lengths, got {seq_lens}")
+        raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = _method_specs(methods)
     saved_threads = torch.get_num_threads()
     if threads is not None:

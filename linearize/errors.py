@@ -1,5 +1,9 @@
 """The user-facing error: the CLI prints its message as one line and exits non-zero."""
 
 
-class LinearizeError(Exception):
-    """A problem with the user's input; the message says what to do."""
+class LinearizeError(ValueError):
+    """A problem with the user's input; the message says what to do.
+
+    A ``ValueError`` so that library callers who catch ``ValueError`` for bad arguments keep
+    working; the CLI turns only this (not every ``ValueError``) into a one-line error.
+    """

@@ -28,6 +28,7 @@ def load_classifier(path):
     return T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).eval()
 
 
+@pytest.mark.slow
 def test_minilm_every_method(minilm):
     path, _, batch = minilm
     model = load_classifier(path)
@@ -49,6 +50,7 @@ def test_minilm_every_method(minilm):
             torch.testing.assert_close(model(**batch).logits, reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_minilm_padding_invariance(minilm):
     path, tokenizer, _ = minilm
     model = linearize.convert(load_classifier(path), "luna")
@@ -78,6 +80,7 @@ PIPELINE_CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_minilm_save_load_remote_code_and_pipeline(minilm, tmp_path):
     path, tokenizer, batch = minilm
     model = linearize.convert(load_classifier(path), "luna")

@@ -252,6 +252,7 @@ def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
     assert recipe_difference(saved, json.loads(json.dumps(per_head))) == "options.shared_projections: True -> False"
 
 
+@pytest.mark.slow
 def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
     """`linearize run --quick`: the README's smoke version, on the real MiniLM and movie reviews; the
     report's student score is what the saved model scores on the same (quick) test split."""

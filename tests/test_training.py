@@ -117,6 +117,7 @@ def test_image_folder_stage1_then_stage2(tmp_path):
     assert type(linearize.load(tmp_path / "s2")).__name__ == "LinearizeViTForImageClassification"
 
 
+@pytest.mark.slow
 def test_real_minilm_luna_stage1_lowers_attention_ce(minilm_path):
     """The real all-MiniLM-L6-v2 on real movie-review sentences (a small slice of the test split
     is enough: stage 1 needs no labels): LUNA's mean attention CE drops within 30 steps."""

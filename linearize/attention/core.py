@@ -1,7 +1,7 @@
 """Non-causal kernel (linear) attention and its quadratic reference.
 
-Every method shares one formula (Katharopoulos et al. 2020, eq. 4-6; ../shared/METHODS.md,
-"Linear attention"):
+Every method shares one formula (Katharopoulos et al. 2020, "Transformers are RNNs", eq. 4-6;
+LUNA eq. 9; docs/methods.md, "Linear attention"):
 
     out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + ε)
 

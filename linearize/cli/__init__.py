@@ -3,8 +3,9 @@
 One module per noun (``convert.py``: convert, info, methods; ...), each registering its
 commands on the shared ``app``; the option aliases shared by several commands live here.
 
-Every error a user can cause is printed as one line (``error: ...``) with a non-zero exit;
-set ``LINEARIZE_DEBUG=1`` to see the traceback instead.
+Every error a user can cause (``LinearizeError``, a bad path they gave, a bad option value) is
+printed as one line (``error: ...``) with a non-zero exit; any other exception is a bug and keeps
+its traceback. Set ``LINEARIZE_DEBUG=1`` to see the traceback of the one-liners too.
 """
 
 from __future__ import annotations
@@ -54,18 +55,52 @@ def root():
     """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
 
 
+#: OSErrors that name a path the user gave (a missing input, an output in the way, no permission)
+PATH_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def debug_enabled():
+    """``LINEARIZE_DEBUG=1`` (any value but empty or 0) shows the traceback of user errors too."""
+    return os.environ.get("LINEARIZE_DEBUG", "") not in ("", "0")
+
+
+def _under(path, root):
+    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # different drives
+        return False
+
+
+def is_user_path_error(error, arguments):
+    """A path error about a path the user named (or one inside it); elsewhere it is a bug."""
+    if not isinstance(error, PATH_ERRORS):
+        return False
+    names = [name for name in (error.filename, error.filename2) if name is not None]
+    given = [str(value) for value in arguments if isinstance(value, (str, os.PathLike)) and str(value)]
+    return not names or any(_under(os.fsdecode(name), root) for name in names for root in given)
+
+
 def friendly_errors(command):
-    """Map user errors to one line on stderr and exit code 1 (traceback with LINEARIZE_DEBUG=1)."""
+    """Map the user's errors to one line on stderr and a non-zero exit; anything else keeps its traceback.
+
+    User errors: :class:`LinearizeError` (exit 1), a path error on a path the user gave (exit 1) and a
+    bad option value (``typer.BadParameter``, exit 2 as when Typer itself rejects one). Every other
+    exception, a ``ValueError`` from a bug included, propagates with its traceback. With
+    ``LINEARIZE_DEBUG=1`` the user errors are raised with their traceback too.
+    """
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (LinearizeError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
-            if os.environ.get("LINEARIZE_DEBUG"):
+        except (LinearizeError, typer.BadParameter, *PATH_ERRORS) as error:
+            user_error = not isinstance(error, PATH_ERRORS) or is_user_path_error(error, [*args, *kwargs.values()])
+            if not user_error or debug_enabled():
                 raise
-            err_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
+            message = error.format_message() if isinstance(error, typer.BadParameter) else str(error)
+            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2 if isinstance(error, typer.BadParameter) else 1) from None
 
     return wrapper
 

@@ -33,7 +33,7 @@ def _check_layers(layers, count):
     layers = sorted({int(i) for i in layers})
     bad = [i for i in layers if not 0 <= i < count]
     if bad:
-        raise ValueError(f"layers {bad} out of range: the model has {count} attention layers (0..{count - 1})")
+        raise LinearizeError(f"layers {bad} out of range: the model has {count} attention layers (0..{count - 1})")
     return layers
 
 

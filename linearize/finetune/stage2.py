@@ -40,7 +40,7 @@ RECIPES = {
 
 def recipe(name, **overrides):
     if name not in RECIPES:
-        raise ValueError(f"unknown fine-tuning recipe {name!r}; valid: {', '.join(RECIPES)}")
+        raise LinearizeError(f"unknown fine-tuning recipe {name!r}; valid: {', '.join(RECIPES)}")
     return replace(RECIPES[name], **overrides)
 
 
@@ -78,7 +78,7 @@ def evaluate(model, loader, task, device=None, max_batches=None, description=Non
 
     logits, labels = predict(model, loader, device, max_batches, description)
     if labels is None:
-        raise ValueError("the evaluation split has no labels")
+        raise LinearizeError("the evaluation split has no labels")
     return compute_metrics(task, logits, labels)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import LinearizeError
+
 SCHEDULERS = ("cosine", "linear", "constant")
 
 
@@ -17,4 +19,4 @@ def make_scheduler(name, optimizer, warmup, total):
         return get_linear_schedule_with_warmup(optimizer, warmup, total)
     if name == "constant":
         return get_constant_schedule_with_warmup(optimizer, warmup)
-    raise ValueError(f"unknown scheduler {name!r}; valid: {', '.join(SCHEDULERS)}")
+    raise LinearizeError(f"unknown scheduler {name!r}; valid: {', '.join(SCHEDULERS)}")

@@ -1,7 +1,7 @@
 """The feature-map base class, its options and the one registry of methods.
 
 A feature map φ: R^d → R^D turns a head's query/key rows into features whose inner product
-is the attention kernel (../shared/METHODS.md). Adding a method is one new file and one test row:
+is the attention kernel (docs/methods.md has every map's formula and paper). Adding a method is one new file and one test row:
 
 1. write ``linearize/attention/feature_maps/<method>.py`` (every module of this package is
    imported, and bundled into a saved model's remote code, automatically) with
@@ -34,7 +34,7 @@ from ..core import linear_attention, linear_attention_weights
 FEATURE_MAPS: dict = {}
 
 
-class OptionError(LinearizeError, ValueError):
+class OptionError(LinearizeError):
     """An unknown method, an unknown option, or an option value of the wrong type."""
 
 
@@ -205,7 +205,7 @@ class FeatureMap(nn.Module):
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
         if int(head_dim) < 1 or int(num_heads) < 1:
-            raise ValueError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
+            raise LinearizeError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
         self.head_dim = int(head_dim)
         self.num_heads = int(num_heads)
         self.settings = settings_of(type(self), options)  # the options dataclass

@@ -1,4 +1,5 @@
-"""The simple fixed maps of the linear-attention tutorial (seed linear-attention-tutorial).
+"""The simple fixed maps (Brenndoerfer 2025, "Linear Attention: Breaking the Quadratic Bottleneck with
+Kernel Feature Maps", the ELU and ReLU maps).
 
 - ``elu``: φ(x) = elu(x) + 1 (Katharopoulos et al. 2020, "Transformers are RNNs", eq. 7),
   evaluated as exp(min(x, 0)) + ReLU(x).

@@ -1,4 +1,5 @@
-"""Flexformer: learnable random-Fourier-feature kernels (seed flexformer-paper §3.2).
+"""Flexformer: learnable random-Fourier-feature kernels (Zhang and Zhou, "Flexformer: Flexible Linear
+Transformer with Learnable Attention Kernel", §3.2).
 
 Both variants split the softmax kernel as in Flexformer eq. 4,
 ``exp(xᵀy) = exp(‖x‖²/2) · exp(−‖x−y‖²/2) · exp(‖y‖²/2)`` (inputs here are already q/d^¼, so the
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
@@ -56,7 +58,7 @@ class _Flexformer(FeatureMap):
         num_frequencies = self.settings.num_frequencies
         self.num_frequencies = self.head_dim if num_frequencies is None else num_frequencies
         if self.num_frequencies < 1:
-            raise ValueError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
+            raise LinearizeError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
         self.feature_dim = 2 * self.num_frequencies
 
 

@@ -1,4 +1,5 @@
-"""Hedgehog (Zhang et al. 2024, "The Hedgehog & the Porcupine", eq. 3; METHODS.md).
+"""Hedgehog (Zhang et al. 2024, "The Hedgehog & the Porcupine: Expressive Linear Attentions with
+Softmax Mimicry", eq. 3).
 
     φ(x) = [softmax(Wx), softmax(−Wx)] ∈ R^{2d'}   (softmax over the feature axis)
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
@@ -41,7 +43,7 @@ class HedgehogFeatureMap(FeatureMap):
         feature_dim = self.settings.feature_dim
         width = self.head_dim if feature_dim is None else feature_dim
         if width < 1:
-            raise ValueError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
+            raise LinearizeError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = 2 * width
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 

@@ -1,4 +1,5 @@
-"""LUNA: a learned kernel feature map (Shahbazi et al., seed luna-paper, §3.2 eq. 11, Listing 1).
+"""LUNA: a learned kernel feature map (Shahbazi et al., "LUNA: Linear Universal Neural Attention with
+Generalization Guarantees", §3.2 eq. 11, Listing 1).
 
     φ(x) = (h(x)/√M) · [ψ_ℓ(w_iᵀx + b_i)]_{i ≤ M, ℓ ≤ L} ∈ R^{M·L}
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
@@ -115,7 +117,7 @@ class LunaFeatureMap(FeatureMap):
         config = self.settings
         m, channels, hidden = config.projections, config.channels, config.hidden
         if min(m, channels, hidden) < 1:
-            raise ValueError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
+            raise LinearizeError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
         self.projections, self.channels, self.hidden = m, channels, hidden
         self.shared_mlp, self.use_envelope = config.shared_mlp, config.envelope
         self.ch_rms, self.ch_rms_target = config.ch_rms, float(config.ch_rms_target)

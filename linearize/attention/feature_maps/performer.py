@@ -1,5 +1,5 @@
-"""Performer FAVOR+ positive random features (Choromanski et al. 2021, Lemma 1; seed
-darkformer-paper §2 eq. 2; linear-attention tutorial).
+"""Performer FAVOR+ positive random features (Choromanski et al. 2021, "Rethinking Attention with
+Performers", Lemma 1; "Data-Aware Random Feature Kernel for Transformers" §2 eq. 1 and Lemma 2.1).
 
     φ(x) = exp(ωᵢᵀx − ‖x‖²/2) / √m,  i = 1..m,   E[φ(q)ᵀφ(k)] = exp(qᵀk)
 
@@ -7,11 +7,11 @@ with ω the rows of an orthogonal Gaussian matrix (blocks of d orthogonal direct
 rescaled to the norm of a Gaussian vector: "orthogonal random features", Choromanski et al.
 2021 §2.4). ω is drawn once from ``seed`` per head and kept as a buffer saved with the model;
 it is never redrawn, in training or evaluation. ``learnable=True`` makes ω a parameter: the
-learned-feature-kernel ("LFK") baseline of DARKFormer §5.
+learned-feature-kernel ("LFK") baseline of DARKFormer §6.
 
 Numerics: the map returns ``features = exp(log φ − s)`` and ``log_scale = s`` with
 ``s = max_i log φ_i`` per token; the core drops s for queries and subtracts its max over real
-keys for keys, so no unbounded exponential is ever taken (METHODS.md, "Caveats").
+keys for keys, so no unbounded exponential is ever taken (docs/methods.md, "numerics").
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
 
 
@@ -76,7 +77,7 @@ class PerformerFeatureMap(FeatureMap):
         num_features, seed, learnable = self.settings.num_features, self.settings.seed, self.settings.learnable
         self.num_features = num_features
         if self.num_features < 1:
-            raise ValueError(f"performer: num_features must be >= 1, got {num_features}")
+            raise LinearizeError(f"performer: num_features must be >= 1, got {num_features}")
         self.feature_dim = self.num_features
         generator = seeded_generator(seed)
         omega = torch.stack([orthogonal_gaussian(self.num_features, self.head_dim, generator)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
@@ -41,7 +42,7 @@ class T2RFeatureMap(FeatureMap):
         feature_dim = self.settings.feature_dim
         width = self.head_dim if feature_dim is None else feature_dim
         if width < 1:
-            raise ValueError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
+            raise LinearizeError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = width
         bound = 1.0 / math.sqrt(self.head_dim)
         self.weight = nn.Parameter(torch.empty(self.num_heads, width, self.head_dim).uniform_(-bound, bound))

@@ -4,7 +4,7 @@ the loss has no gradient), the fraction of negative student weights and of negat
 (Flexformer's trigonometric features), and the mean/max of the scaled query's ‖q/d^¼‖²/2 (the log
 of the exponential maps' envelope). BERT-family teachers (``model.bert.encoder.layer``).
 
-usage: .venv/bin/python scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]
+usage: .venv/bin/python docs/experiments/flexformer-probe/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]
   STUDENT_DIR: a saved converted model (e.g. a run's stage1/); without it, METHOD's map at init.
 """
 import sys
@@ -70,5 +70,5 @@ def main(teacher_dir, method, student_dir=None):
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: scripts/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]")
+        sys.exit("usage: docs/experiments/flexformer-probe/attention_diagnosis.py TEACHER_DIR METHOD [STUDENT_DIR]")
     main(*sys.argv[1:])

@@ -2,9 +2,9 @@
 attention rows on the teacher's own queries and keys (10 batches of 32 training sentences of the
 default recipe, cycled), and print the mean attention KL on 4 dev batches before and after, with
 the training cross-entropy along the way. A seconds-long probe of why a map does or does not
-learn (README: Flexformer), not part of the pipeline. BERT-family teachers.
+learn (docs/experiments/flexformer-probe), not part of the pipeline. BERT-family teachers.
 
-usage: .venv/bin/python scripts/fit_one_layer.py TEACHER_DIR METHOD [--layer 1] [--steps 100]
+usage: .venv/bin/python docs/experiments/flexformer-probe/fit_one_layer.py TEACHER_DIR METHOD [--layer 1] [--steps 100]
        [--lr 1e-2] [--init-scale 1] [--log-floor 0] [--option key=value ...]
   --init-scale: multiplies the map's initial frequencies (parameters named omega*; Flexformer's).
   --log-floor F > 0: the cross-entropy's log continued linearly below F (log F + (Â − F)/F), so
