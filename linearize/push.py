@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from .convert.config_block import decode_block
 from .errors import LinearizeError
 from .report import Report
 from .report.card import METHOD_NOTES, build_card, source_info  # noqa: F401  (re-exported: the card's parts)
@@ -186,7 +187,7 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
     files[README] = None
     return PushPlan(repo_id=repo_id, revision=revision or "main", private=bool(private), endpoint=hub_endpoint(),
                     model_dir=model_dir, report_path=report_path, card=card,
-                    method=(config.get("linearize") or {}).get("method", "linear-attention"), files=files)
+                    method=(decode_block(config.get("linearize")) or {}).get("method", "linear-attention"), files=files)
 
 
 def stage(push_plan, directory):

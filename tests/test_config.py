@@ -118,8 +118,9 @@ def test_the_config_block_round_trips_and_old_blocks_still_read(tmp_path):
     assert set(stored) == {"_type", "_version", "_data"} and stored["_version"] == BLOCK_VERSION
     assert decode_block(stored) == block
     model.save_pretrained(tmp_path)
-    old = json.loads((tmp_path / "config.json").read_text())["linearize"]  # today's unversioned block
-    assert decode_block(old) == block and decode_block(None) is None
+    saved = json.loads((tmp_path / "config.json").read_text())["linearize"]  # what save_pretrained writes
+    assert set(saved) == {"_type", "_version", "_data"} and decode_block(saved) == block
+    assert decode_block(dict(block)) == block and decode_block(None) is None  # version 1: the unversioned block
     with pytest.raises(ValueError, match="upgrade linearize"):
         decode_block({**stored, "_version": BLOCK_VERSION + 1})
     with pytest.raises(ValueError, match="not a LinearizeConfig"):

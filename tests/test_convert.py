@@ -10,6 +10,7 @@ import torch
 import transformers as T
 
 import linearize
+from linearize.convert.config_block import decode_block
 from linearize.convert import attention_modules, feature_maps_of
 from linearize.errors import LinearizeError
 from tiny_models import VISION, WITHOUT_LINEARIZE, build, configs, first_output, heads, inputs
@@ -117,7 +118,7 @@ def test_hybrid_layers_keep_the_others_softmax(tmp_path):
     model.save_pretrained(tmp_path)
     reloaded = linearize.load(tmp_path)
     assert list(feature_maps_of(reloaded)) == [1]
-    assert json.loads((tmp_path / "config.json").read_text())["linearize"]["layers"] == [1]
+    assert decode_block(json.loads((tmp_path / "config.json").read_text())["linearize"])["layers"] == [1]
     torch.testing.assert_close(first_output(reloaded, batch), student.logits, atol=1e-5, rtol=1e-5)
 
 
@@ -130,7 +131,7 @@ def test_save_and_linearize_load_give_identical_outputs(arch, tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == f"linearize_{model.config.model_type}"
-    block = config["linearize"]
+    block = decode_block(config["linearize"])
     assert block["method"] == "luna" and block["options"] == {"projections": 4}
     assert block["layers"] == list(range(len(attention_modules(model))))
     assert block["architecture"] == type(build(arch)).__name__

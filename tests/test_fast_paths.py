@@ -226,14 +226,16 @@ def test_bundled_remote_code_compiles_with_unique_module_names():
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             assert node.name not in defined, f"{node.name} is defined twice in the bundled remote code"
             defined[node.name] = node
-    for node in ast.walk(tree):  # only torch, transformers and the standard library are imported
+    # only torch, transformers (with numpy, which transformers itself requires) and the standard library
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             roots = {(node.module or "").split(".")[0]}
         else:
             continue
-        assert roots <= {"torch", "transformers", "math", "inspect", "dataclasses", "types", "typing", "__future__"}, roots
+        assert roots <= {"torch", "transformers", "numpy", "math", "inspect", "dataclasses", "types", "typing",
+                         "__future__"}, roots
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -19,24 +19,25 @@ class Head:
     task_name: str | None  #: the model-index task name (model card)
 
 
-#: Ordered: a class name takes the first row whose suffix it ends with (``...WithTeacher`` before its prefix).
+#: Ordered: ``--head`` lists them in this order, and a class name takes the first row whose suffix it ends
+#: with (``...WithTeacher`` before ``ForImageClassification``; the base row matches no class).
 HEADS = (
+    Head("base", "Model", "AutoModel", "MODEL_MAPPING_NAMES", None, None),
     Head("sequence-classification", "ForSequenceClassification", "AutoModelForSequenceClassification",
          "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "text-classification", "Text Classification"),
+    Head("token-classification", "ForTokenClassification", "AutoModelForTokenClassification",
+         "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "Token Classification"),
+    Head("masked-lm", "ForMaskedLM", "AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "fill-mask",
+         "Fill-Mask"),
     Head(None, "ForImageClassificationWithTeacher", None, None, "image-classification", "Image Classification"),
     Head("image-classification", "ForImageClassification", "AutoModelForImageClassification",
          "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image-classification", "Image Classification"),
-    Head("masked-lm", "ForMaskedLM", "AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "fill-mask",
-         "Fill-Mask"),
-    Head("token-classification", "ForTokenClassification", "AutoModelForTokenClassification",
-         "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification", "Token Classification"),
     Head(None, "ForQuestionAnswering", "AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
          "question-answering", "Question Answering"),
     Head(None, "ForMaskedImageModeling", "AutoModelForMaskedImageModeling",
          "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES", None, None),
     Head(None, "ForMultipleChoice", "AutoModelForMultipleChoice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
          None, None),
-    Head("base", "Model", "AutoModel", "MODEL_MAPPING_NAMES", None, None),
 )
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import LinearizeError
+from .config_block import decode_block
 from .heads import cli_heads
 
 ALIASES = {
@@ -134,7 +135,7 @@ def read_linearize_block(directory):
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise LinearizeError(f"{path} is not valid JSON ({error}); re-save or re-download the model") from None
-    block = data.get("linearize")
+    block = decode_block(data.get("linearize"))
     if not block:
         raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
                              "block); convert it first with `linearize convert`")

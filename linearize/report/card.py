@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from ..attention.feature_maps import method_notes
+from ..convert.config_block import decode_block
 from ..convert.heads import head_for_class
 from ..errors import LinearizeError
 from .results import REPORT_JSON, as_report
@@ -234,7 +235,7 @@ def card_data(repo_id, config, report=None):
     """The card's ``ModelCardData`` (the README's YAML metadata)."""
     from huggingface_hub import ModelCardData
 
-    block = config.get("linearize") or {}
+    block = decode_block(config.get("linearize")) or {}
     hub_id, license_ = source_info(block.get("source"))
     pipeline_tag, task_display = head_of(block.get("architecture") or "", block.get("base_model_type"), config)
     dataset = dataset_of(report.task.name) if report else None
@@ -346,7 +347,7 @@ def build_card(repo_id, config, report=None, figures=(), files=()):
     from huggingface_hub import ModelCard
 
     report = as_report(report) if report is not None else None
-    block = config.get("linearize") or {}
+    block = decode_block(config.get("linearize")) or {}
     lines = _about(repo_id, block, report)
     if report:
         if "student_stage1" in report.scores or "stage1" in report.recipe:

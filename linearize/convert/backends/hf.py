@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ...errors import LinearizeError
 from ...io import atomic_write_json
+from ..config_block import decode_block, encode_block
 from ..loading import check_loading_info, check_weights, read_linearize_block
 from . import hf_attention
 from . import hf_remote_code as remote_code
@@ -135,7 +136,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     # nothing from the legacy layout: a converted folder needs transformers 5.x to run at all.
     kwargs.setdefault("save_original_format", False)
     base.save_pretrained(self, save_directory, *args, **kwargs)
-    block = self.config.linearize
+    block = decode_block(self.config.linearize)
     auto_map = remote_code.write_remote_code(save_directory, block["base_model_type"],
                                              type(self.config).__name__, _version())
     path = Path(save_directory) / "config.json"
@@ -143,7 +144,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     data["model_type"] = remote_code.model_type_for(block["base_model_type"])
     data["architectures"] = [remote_code.remote_class_name(base.__name__)]
     data["auto_map"] = auto_map
-    data["linearize"] = block
+    data["linearize"] = encode_block(block)  # versioned on disk, {"_type", "_version", "_data"}
     atomic_write_json(path, data)
 
 

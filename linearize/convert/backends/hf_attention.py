@@ -20,6 +20,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..config_block import decode_block
 from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
 
 ATTENTION_IMPLEMENTATION = "linearize"
@@ -94,7 +95,7 @@ def register_attention_backend():
 def attention_modules(model):
     """``[(qualified name, module)]`` of the self-attention modules, in forward order."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    model_type = (getattr(model.config, "linearize", None) or {}).get("base_model_type", model_type)
+    model_type = (decode_block(getattr(model.config, "linearize", None)) or {}).get("base_model_type", model_type)
     class_name = ATTENTION_CLASSES.get(model_type)
     if class_name is None:
         return []
@@ -131,6 +132,7 @@ def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
 
 def apply_linearize_config(model, block):
     """Rebuild a converted model's attention from its config block (used by remote code)."""
+    block = decode_block(block)
     register_attention_backend()
     head_dim, num_heads = head_geometry(model.config)
     attach_feature_maps(attention_modules(model), block["method"], set(block["layers"]), block.get("options", {}),

@@ -22,6 +22,7 @@ from pathlib import Path
 from ... import errors
 from ...attention import core
 from ...attention import feature_maps
+from .. import config_block
 from ..heads import auto_mappings
 from . import hf_attention
 
@@ -73,7 +74,7 @@ def _module_source(module):
 
 def bundled_sources():
     """The attention core, the feature maps and the transformers patch as one source text."""
-    modules = [errors, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf_attention]
+    modules = [errors, config_block, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [hf_attention]
     parts = []
     for module in modules:
         parts.append(f"# ---- {module.__name__} " + "-" * max(0, 80 - len(module.__name__)))

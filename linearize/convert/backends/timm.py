@@ -13,6 +13,7 @@ from pathlib import Path
 from ...attention.feature_maps import create_feature_map
 from ...errors import LinearizeError
 from ...io import atomic_write_json
+from ..config_block import encode_block
 from ..loading import check_loading_info, check_weights
 from .hf_attention import layer_options
 from .timm_attention import is_timm_vit, linearized_class, timm_attention_modules, unpatch
@@ -51,7 +52,7 @@ def save_timm(model, directory, model_name=None, **create_kwargs):
         save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(directory / CONFIG, {"timm_model": model_name,
                                            "timm_kwargs": create_kwargs or _create_kwargs(model),
-                                           "linearize": model.linearize_config})
+                                           "linearize": encode_block(model.linearize_config)})
 
 
 def _save_pretrained(self, save_directory, model_name=None, **create_kwargs):
