@@ -128,7 +128,7 @@ def model_files(model_dir):
     files = {p.name: p for p in sorted(model_dir.iterdir())
              if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_PATTERNS)}
     data = json.loads((model_dir / "config.json").read_text())
-    timm = data.get("linearize", {}).get("base_model_type") == "timm"
+    timm = (decode_block(data.get("linearize")) or {}).get("base_model_type") == "timm"
     missing = []
     if "model.safetensors" not in files and "model.safetensors.index.json" not in files:
         missing.append("model.safetensors")
