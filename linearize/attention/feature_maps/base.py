@@ -1,7 +1,8 @@
 """The feature-map base class, its options and the one registry of methods.
 
 A feature map φ: R^d → R^D turns a head's query/key rows into features whose inner product
-is the attention kernel (docs/methods.md has every map's formula and paper). Adding a method is one new file and one test row:
+is the attention kernel (docs/methods.md has every map's formula and paper). Adding a method is
+one new file and one test row:
 
 1. write ``linearize/attention/feature_maps/<method>.py`` (every module of this package is
    imported, and bundled into a saved model's remote code, automatically) with
@@ -15,7 +16,8 @@ is the attention kernel (docs/methods.md has every map's formula and paper). Add
      by default) and ``order`` (its place in ``linearize methods``), reads its options from
      ``self.settings`` and implements ``forward``;
 
-2. add its row to ``tests/test_feature_maps.py``'s ``METHOD_CASES``.
+2. add its row to ``tests/test_feature_maps.py``'s ``METHOD_MATRIX`` (name, options, has learnable
+   parameters), at its ``order``.
 """
 
 from __future__ import annotations
