@@ -214,7 +214,7 @@ def _summary(seconds):
     return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
 
 
-def _interleaved(candidates, repeats, warmup):
+def interleaved_times(candidates, repeats, warmup):
     """Time every candidate ``warmup + repeats`` rounds, all candidates once per round, in an order
     rotated each round; return ``{label: [seconds of the timed rounds]}``."""
     labels = list(candidates)
@@ -233,7 +233,7 @@ def _interleaved(candidates, repeats, warmup):
 def _measure(candidates, repeats, warmup, memory, reference, ratio_key):
     """``{label: summary}`` of interleaved timings (and peak memory) with each time ÷ ``reference``'s."""
     with torch.inference_mode():
-        times = _interleaved(candidates, repeats, warmup)
+        times = interleaved_times(candidates, repeats, warmup)
         peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
     results = {}
     for label in candidates:

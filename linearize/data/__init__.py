@@ -24,7 +24,7 @@ that need them.
 from __future__ import annotations
 
 from ..errors import LinearizeError
-from .collate import make_dataloaders, text_dataloader, tokenize_dataset
+from .collate import make_dataloaders, text_dataloader, text_dataloaders, tokenize_dataset
 from .glue import GLUE_TASKS, glue_task_name, load_glue
 from .images import (FASHION_MNIST_LABELS, build_image_transforms, image_dataloader, load_fashion_mnist,
                      load_hub_images, load_image_folder, read_idx)
@@ -41,7 +41,7 @@ __all__ = ["FASHION_MNIST_LABELS", "GLUE_TASKS", "TaskSpec", "build_image_transf
            "fetch_moviereviews", "glue_spec", "glue_task_name", "image_dataloader", "load_fashion_mnist",
            "load_glue", "load_hub_images", "load_image_folder", "load_moviereviews", "load_task_data",
            "load_text_files", "make_dataloaders", "read_idx", "split_indices", "task_names", "text_dataloader",
-           "tokenize_dataset"]
+           "text_dataloaders", "tokenize_dataset"]
 
 
 def task_names() -> list[str]:

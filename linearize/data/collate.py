@@ -59,6 +59,20 @@ def text_dataloader(dataset, tokenizer, batch_size=32, shuffle=False, seed=0, nu
                       collate_fn=text_collator(tokenizer), num_workers=num_workers, drop_last=drop_last)
 
 
+def text_dataloaders(tokenized, tokenizer, *, batch_size=32, eval_batch_size=None, seed=0, num_workers=0):
+    """``{split: DataLoader}`` over already tokenised splits (:func:`tokenize_dataset`): only ``train``
+    is shuffled; a run tokenises once and builds these for each stage's batch size."""
+    eval_batch_size = eval_batch_size or batch_size
+    loaders = {}
+    for split, ds in tokenized.items():
+        if len(ds) == 0:
+            continue
+        train = split == "train"
+        loaders[split] = text_dataloader(ds, tokenizer, batch_size if train else eval_batch_size, shuffle=train,
+                                         seed=seed, num_workers=num_workers)
+    return loaders
+
+
 def make_dataloaders(data, spec, *, tokenizer=None, image_processor=None, batch_size=32, eval_batch_size=None,
                      max_length=128, seed=0, num_workers=0, num_channels=3, **transform_options):
     """``{split: DataLoader}`` for every split of ``data``: only ``train`` is shuffled/augmented.
@@ -72,13 +86,8 @@ def make_dataloaders(data, spec, *, tokenizer=None, image_processor=None, batch_
         if tokenizer is None:
             raise LinearizeError(f"task {spec.name!r} is text: a tokenizer is needed")
         tokenized = tokenize_dataset(data, tokenizer, spec.text_keys, max_length=max_length)
-        for split, ds in tokenized.items():
-            if len(ds) == 0:
-                continue
-            train = split == "train"
-            loaders[split] = text_dataloader(ds, tokenizer, batch_size if train else eval_batch_size, shuffle=train,
-                                             seed=seed, num_workers=num_workers)
-        return loaders
+        return text_dataloaders(tokenized, tokenizer, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                                seed=seed, num_workers=num_workers)
     from .images import build_image_transforms, image_dataloader
 
     train_tf, eval_tf = build_image_transforms(image_processor, num_channels=num_channels, **transform_options)

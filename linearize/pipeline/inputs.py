@@ -1,0 +1,143 @@
+"""What a run reads: the softmax source model, its processor, the task data and its loaders.
+
+The text splits are tokenised once per run (:class:`TaskData`); each stage gets fresh
+``DataLoader``\\ s over them at its own batch size, each with its own seeded generator, so the
+batches and their order are those of tokenising afresh for every stage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import LinearizeError
+
+
+def build_source_model(recipe, spec):
+    """The softmax starting point: a pretrained checkpoint with the task's head, or (``model:
+    {config: ...}``) a model built from a config to be trained from scratch."""
+    import transformers
+
+    from ..convert.heads import auto_class_for
+    from ..convert.loading import load_source_model
+
+    head_kwargs = spec.model_config_kwargs()
+    source = recipe["model"]
+    if isinstance(source, dict):
+        config_dict = dict(source.get("config") or {})
+        model_type = config_dict.pop("model_type", None)
+        if model_type is None:
+            raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
+        config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
+        cls = getattr(transformers, auto_class_for(recipe["head"]))
+        torch.manual_seed(recipe["seed"])
+        return cls.from_config(config), None
+    model = load_source_model(source, head=recipe["head"], **head_kwargs)
+    return model, source
+
+
+def load_processor(recipe, spec):
+    """Tokenizer (text) or image processor (image) of the source checkpoint, or None."""
+    import transformers
+
+    from ..convert.loading import resolve_model_name
+
+    if isinstance(recipe["model"], dict):
+        return None
+    source = resolve_model_name(recipe["model"])
+    if (Path(source) / "config.json").is_file() and "linearize" in json.loads((Path(source) / "config.json").read_text()):
+        from ..convert.api import load_processor as load_saved_processor
+
+        return load_saved_processor(source)
+    auto = transformers.AutoTokenizer if spec.kind == "text" else transformers.AutoImageProcessor
+    try:
+        return auto.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise LinearizeError(f"could not load the {'tokenizer' if spec.kind == 'text' else 'image processor'} of "
+                             f"{recipe['model']}: {str(error).splitlines()[0]}") from None
+
+
+def check_head(model, spec, name):
+    """A model used as it is must have the task's number of outputs."""
+    labels = getattr(model.config, "num_labels", None)
+    if labels is not None and labels != spec.num_labels:
+        raise LinearizeError(f"{name} has {labels} labels but task {spec.name} has {spec.num_labels}: its head "
+                             "cannot serve this task; fine-tune a checkpoint with a new head instead")
+
+
+def load_data(recipe):
+    """``(DatasetDict, TaskSpec)`` of the recipe's task, cut to ``data.max_train_examples`` /
+    ``data.max_eval_examples`` (a seeded shuffle first); a validation split is required."""
+    from ..data import load_task_data
+
+    d = recipe["data"]
+    keys = ("data_dir", "data_file", "train_file", "validation_file", "test_file", "text_column",
+            "text_pair_column", "label_column", "dev_fraction")
+    data, spec = load_task_data(recipe["task"], seed=d["seed"], **{k: d[k] for k in keys if d[k] is not None})
+    for split, limit in (("train", d["max_train_examples"]),):
+        if limit and len(data[split]) > limit:
+            data[split] = data[split].shuffle(seed=d["seed"]).select(range(limit))
+    for split in list(data):
+        if split != "train" and d["max_eval_examples"] and len(data[split]) > d["max_eval_examples"]:
+            data[split] = data[split].shuffle(seed=d["seed"]).select(range(d["max_eval_examples"]))
+    if "validation" not in data or len(data["validation"]) == 0:
+        raise LinearizeError(f"task {recipe['task']!r} has no validation split to select on; set data.dev_fraction")
+    return data, spec
+
+
+@dataclass
+class TaskData:
+    """A run's task data with its processor: loaders for any batch size, the text tokenised once."""
+
+    recipe: dict
+    data: object  # DatasetDict
+    spec: object  # TaskSpec
+    processor: object = None
+    _tokenized: object = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def load(cls, recipe):
+        """The recipe's data (:func:`load_data`) and its source's processor (:func:`load_processor`)."""
+        data, spec = load_data(recipe)
+        return cls(recipe, data, spec, load_processor(recipe, spec))
+
+    def loaders(self, batch_size, seed):
+        """``{split: DataLoader}``: ``train`` shuffled with ``seed`` at ``batch_size``, the other
+        splits in order at the recipe's ``eval.batch_size``."""
+        if self.spec.kind == "image":
+            return self._image_loaders(batch_size, seed)
+        from ..data import text_dataloaders
+
+        return text_dataloaders(self.tokenized(), self.processor, batch_size=batch_size,
+                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed)
+
+    def tokenized(self):
+        """Every split tokenised (once: later calls return the same datasets)."""
+        from ..data import tokenize_dataset
+
+        if self._tokenized is None:
+            if self.processor is None:
+                raise LinearizeError(f"task {self.spec.name!r} is text: a tokenizer is needed")
+            self._tokenized = tokenize_dataset(self.data, self.processor, self.spec.text_keys,
+                                               max_length=self.recipe["data"]["max_length"])
+        return self._tokenized
+
+    def _image_loaders(self, batch_size, seed):
+        from ..data import make_dataloaders
+
+        d = self.recipe["data"]
+        extra = {"num_channels": d["num_channels"] or 3, "crop_scale": tuple(d["crop_scale"])}
+        if self.processor is None:
+            if not d["image_size"]:
+                raise LinearizeError("a model trained from scratch needs data.image_size (and image_mean/std)")
+            extra.update(size=d["image_size"], mean=d["image_mean"], std=d["image_std"])
+        return make_dataloaders(self.data, self.spec, image_processor=self.processor, batch_size=batch_size,
+                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed, **extra)
+
+
+def make_loaders(recipe, data, spec, processor, batch_size, seed):
+    """``{split: DataLoader}`` of ``data`` (tokenising it; a run keeps a :class:`TaskData` instead)."""
+    return TaskData(recipe, data, spec, processor).loaders(batch_size, seed)

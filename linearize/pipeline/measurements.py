@@ -1,0 +1,139 @@
+"""What a run measures beyond training: task scores, forward latency (bench's interleaved timer),
+the figure data of the feature maps and of CLS attention, the machine it ran on, the data's hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+
+import numpy as np
+import torch
+
+from ..attention import FeatureMap
+from ..convert import convert, feature_maps_of, revert
+from ..finetune import evaluate
+
+
+def scores(model, loaders, spec, splits, progress=False):
+    """The task's metrics on each of ``splits`` (with progress bars if ``progress``)."""
+    return {split: evaluate(model, loaders[split], spec, description=f"  evaluating on {split}" if progress else None)
+            for split in splits if split in loaders}
+
+
+@torch.no_grad()
+def latency(teacher, student, batch, repeats=10):
+    """Median forward time (ms) of teacher and student on the same batch, interleaved (one warm-up
+    round, then ``repeats`` timed rounds of :func:`linearize.bench.interleaved_times`)."""
+    from ..bench import interleaved_times
+
+    for model in (teacher, student):
+        model.eval()
+    times = interleaved_times({"teacher": lambda: teacher(**batch), "student": lambda: student(**batch)},
+                              repeats=repeats, warmup=1)
+    t, s = (1000 * statistics.median(times[name]) for name in ("teacher", "student"))
+    return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
+
+
+def latency_batch(recipe, spec, loader, model=None):
+    """A batch at the run's sequence length (text: ``max_length`` real tokens; image: the
+    loader's image size, its sequence length the patch count + 1 from ``model``'s config)."""
+    batch = next(iter(loader))
+    size = recipe["eval"]["latency_batch_size"]
+    if spec.kind == "image":  # the sequence length is the patch count (+ the class token)
+        pixels = batch["pixel_values"][:size]
+        patch = getattr(getattr(model, "config", None), "patch_size", None)
+        tokens = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1 if patch else pixels.shape[-1]
+        return {"pixel_values": pixels}, tokens
+    length = recipe["data"]["max_length"]
+    ids = batch["input_ids"][:1]
+    ids = ids.repeat(size, (length + ids.shape[1] - 1) // ids.shape[1])[:, :length]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, length
+
+
+@torch.no_grad()
+def luna_channels(student, loader):
+    """The figure data of the first and last converted layer's feature map on one batch
+    (:meth:`FeatureMap.probe`; LUNA's is its Fig. 3: ψ_ℓ(u) over the empirical u), or ``[]``
+    when the method has none."""
+    maps = feature_maps_of(student)
+    chosen = sorted({min(maps), max(maps)}) if maps else []
+    if all(type(maps[i]).probe is FeatureMap.probe for i in chosen):  # no figure: no forward pass either
+        return []
+    inputs = {i: [] for i in chosen}
+    hooks = [maps[i].register_forward_pre_hook(lambda mod, args, kw, i=i: inputs[i].append(args[0]), with_kwargs=True)
+             for i in chosen]
+    batch = next(iter(loader))
+    try:
+        student.eval()
+        student(**{k: v for k, v in batch.items() if k not in ("labels", "label")})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    probes = [(i, maps[i].probe(inputs[i])) for i in chosen]
+    return [{"layer": i, **data} for i, data in probes if data is not None]
+
+
+@torch.no_grad()
+def cls_attention(teacher, student, loader, spec, processor, examples=3):
+    """LUNA Fig. 4 data: CLS→token (or →patch) attention of the last layer, mean over heads."""
+    batch = next(iter(loader))
+    inputs = {k: v[:examples] for k, v in batch.items() if k not in ("labels", "label")}
+    convert(teacher, "softmax")  # exact softmax through linearize's path, which returns the weights
+    try:
+        teacher_attentions = teacher(**inputs, output_attentions=True).attentions
+    finally:
+        revert(teacher)
+    t_att = teacher_attentions[-1].mean(1)[:, 0]
+    s_att = student(**inputs, output_attentions=True).attentions[-1].mean(1)[:, 0]
+    layer = len(teacher_attentions) - 1
+    if spec.kind == "text":
+        return [_text_attention(inputs, n, t_att, s_att, layer, processor) for n in range(t_att.shape[0])]
+    return [_image_attention(inputs, n, t_att, s_att, layer) for n in range(t_att.shape[0])]
+
+
+def _text_attention(inputs, n, t_att, s_att, layer, processor):
+    """Example ``n``'s CLS→token attention over its real (unpadded) tokens."""
+    real = int(inputs["attention_mask"][n].sum())
+    ids = inputs["input_ids"][n, :real].tolist()
+    return {"text": processor.decode(ids, skip_special_tokens=True), "tokens": processor.convert_ids_to_tokens(ids),
+            "teacher": t_att[n, :real].tolist(), "student": s_att[n, :real].tolist(), "layer": layer}
+
+
+def _image_attention(inputs, n, t_att, s_att, layer):
+    """Image ``n``'s CLS→patch attention on its patch grid, with its grey pixels (0-255) to draw under it."""
+    patches = t_att.shape[-1] - 1
+    side = int(round(patches ** 0.5))
+    pixels = inputs["pixel_values"][n].float().mean(0)
+    pixels = (255 * (pixels - pixels.min()) / (pixels.max() - pixels.min() + 1e-8)).round().int()
+    return {"image_index": n, "grid": [side, side], "teacher": t_att[n, 1:].tolist(), "student": s_att[n, 1:].tolist(),
+            "layer": layer, "pixels": pixels.tolist()}
+
+
+def environment():
+    """Versions, platform, CPU and thread count of the machine the run measured on."""
+    import transformers
+
+    from .. import __version__
+    from ..bench import cpu_model
+
+    cpu = cpu_model()
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads()}
+
+
+def data_hash(data):
+    """sha256 over every split's labels and texts (text) or labels and a strided image sample."""
+    digest = hashlib.sha256()
+    for split in sorted(data):
+        ds = data[split]
+        digest.update(f"{split}:{len(ds)}".encode())
+        for column in ds.column_names:
+            if column == "image":
+                step = max(1, len(ds) // 256)
+                for i in range(0, len(ds), step):
+                    digest.update(np.asarray(ds[i]["image"]).tobytes())
+            else:
+                digest.update(json.dumps(ds[column], default=str).encode())
+    return "sha256:" + digest.hexdigest()

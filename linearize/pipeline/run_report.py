@@ -1,0 +1,73 @@
+"""The run's :class:`~linearize.report.Report`, assembled once from the stages' results and the
+measurements, and written into the run folder (and a copy into ``model/``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..convert import linearize_config
+from ..report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, StageResult, TaskInfo, Timing,
+                      copy_report, save_report)
+from .artifacts import comparable
+from .measurements import data_hash, environment
+
+
+def build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split, timing,
+                 seq_len, batch, visuals, total_seconds):
+    """The run's :class:`~linearize.report.Report`, built once: the report files, ``linearize
+    push``'s model card and ``linearize compare``'s table all read this object. The stage results
+    are :class:`~linearize.report.StageResult` or the dicts the stages return."""
+    teacher, stage1, stage2 = (StageResult.from_dict(r) for r in (teacher_result, stage1_result, stage2_result))
+    return Report(
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), recipe=comparable(recipe),
+        task=TaskInfo(name=spec.name, kind=spec.kind, metric_names=tuple(spec.metric_names),
+                      primary_metric=spec.primary_metric, selection_split="validation", report_split=report_split,
+                      num_examples={split: len(ds) for split, ds in data.items()}),
+        model=_model_info(recipe, student),
+        scores={"teacher": teacher.scores, "student_stage1": stage1.scores, "student": stage2.scores},
+        attention=_attention(stage1),
+        timing=Timing(teacher_seconds=teacher.seconds, stage1_seconds=stage1.seconds, stage2_seconds=stage2.seconds,
+                      total_seconds=total_seconds),
+        latency=Latency(seq_len=seq_len, batch_size=int(next(iter(batch.values())).shape[0]), **timing),
+        curves={"teacher": teacher.history, "stage1": stage1.history, "stage2": stage2.history}, visuals=visuals,
+        seeds={"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]}, environment=environment(),
+        data_hash=data_hash(data))
+
+
+def _model_info(recipe, student):
+    """The student's source, method and parameter counts, from its ``linearize`` config block."""
+    block = linearize_config(student) or {}
+    base = block.get("parameters_base") or 0
+    added = block.get("parameters_added") or 0
+    return ModelInfo(source=str(recipe["model"]) if not isinstance(recipe["model"], dict) else "from scratch",
+                     architecture=block.get("architecture"), method=block.get("method"),
+                     options=block.get("options", {}), layers=block.get("layers"),
+                     num_attention_layers=block.get("num_attention_layers"), parameters_base=base,
+                     parameters_added=added, parameters_added_percent=100.0 * added / base if base else 0.0)
+
+
+def _attention(stage1):
+    """Stage 1's attention distances per layer, before and after, and their means."""
+    before, after = stage1.per_layer_before, stage1.per_layer_after
+    rows = tuple(LayerDistance(layer=int(layer), ce_before=before.get(layer, {}).get("ce"),
+                               kl_before=before.get(layer, {}).get("kl"), ce_after=after[layer]["ce"],
+                               kl_after=after[layer]["kl"], teacher_entropy=after[layer]["teacher_entropy"],
+                               student_entropy=after[layer]["student_entropy"]) for layer in sorted(after, key=int))
+
+    def mean(key):
+        values = [getattr(row, key) for row in rows if getattr(row, key) is not None]
+        return float(np.mean(values)) if values else None
+
+    return AttentionInfo(per_layer=rows, mean_kl_before=mean("kl_before"), mean_kl_after=mean("kl_after"),
+                         stage1_skipped=stage1.skipped)
+
+
+def write_run_report(report, out_dir):
+    """report.json, report.md and figures in the run folder (drawn once), and a copy of them inside
+    ``model/`` (what ``linearize push`` of the model folder uploads). Returns the report with its figures."""
+    report = save_report(report, out_dir)
+    copy_report(out_dir, Path(out_dir) / "model")
+    return report

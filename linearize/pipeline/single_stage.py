@@ -1,0 +1,118 @@
+"""The single stages that `linearize distill / finetune / eval` call: each loads a model (a
+converted folder or a softmax checkpoint) and the task's data, runs one stage and saves the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import DistillConfig, FinetuneConfig
+from ..convert import convert, feature_maps_of, linearize_config
+from ..distill import distill
+from ..errors import LinearizeError
+from ..finetune import finetune
+from .artifacts import save_model
+from .inputs import TaskData, check_head
+from .measurements import scores
+
+
+def stage_recipe(model, task, *, data=None, **top):
+    """A recipe dict for a single stage: the defaults with ``model``, ``task`` and ``data`` options."""
+    from ..recipes import DEFAULTS, merge
+
+    data = {k: v for k, v in (data or {}).items() if v is not None}
+    return merge(DEFAULTS, {"name": "stage", "model": model, "task": task, "data": data, **top})
+
+
+def load_model_for_task(model, spec, head=None):
+    """A converted folder (``linearize.load``) or a softmax checkpoint with the task's head."""
+    from ..convert.loading import load_source_model, resolve_model_name
+
+    path = Path(resolve_model_name(model)) if isinstance(model, str) else None
+    if path is not None and (path / "config.json").is_file():
+        config = json.loads((path / "config.json").read_text())
+        if config.get("linearize"):
+            import linearize
+
+            return linearize.load(path), True
+    default_head = "image-classification" if spec.kind == "image" else "sequence-classification"
+    return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
+
+
+def _stage_inputs(model, task, data, head=None):
+    """``(task data, model, converted?)`` of a single stage."""
+    from .inputs import load_data, load_processor
+
+    recipe = stage_recipe(model, task, data=data)
+    loaded, spec = load_data(recipe)
+    net, converted = load_model_for_task(model, spec, head)
+    if converted:
+        check_head(net, spec, model)
+    return TaskData(recipe, loaded, spec, load_processor(recipe, spec)), net, converted
+
+
+def _work_dir(out):
+    return Path(out).with_name(Path(out).name + ".work")
+
+
+def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, batch_size=32,
+                  eval_batches=10, data=None, overwrite=False, resume=True, progress=True, log=print):
+    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it.
+
+    Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
+    (which clears them and starts afresh)."""
+    from ..io import prepare_output_dir
+
+    prepare_output_dir(out, overwrite=overwrite)
+    task_data, net, converted = _stage_inputs(model, task, data)
+    if not converted:
+        if method is None:
+            raise LinearizeError(f"{model} is not a converted model: pass --method to convert it first")
+        convert(net, method, layers=layers, source=str(model), **(options or {}))
+    if not any(p.numel() for fm in feature_maps_of(net).values() for p in fm.parameters()):
+        method_name = linearize_config(net)["method"]
+        raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
+                             "train; fine-tune it directly with `linearize finetune`")
+    config = config or DistillConfig()
+    loaders = task_data.loaders(batch_size, config.seed)
+    result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
+                     checkpoint_dir=_work_dir(out), resume=resume, progress=progress, log=log)
+    save_model(net, task_data.processor, out, {"distill.json": result})
+    return result
+
+
+def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
+                   teacher=None, progress=True, log=print):
+    """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it.
+
+    ``teacher`` (a folder or checkpoint with the task's head): the model whose outputs the
+    ``config.kd_weight`` term distils from.
+
+    Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
+    (which clears them and starts afresh)."""
+    from ..io import prepare_output_dir
+
+    prepare_output_dir(out, overwrite=overwrite)
+    task_data, net, converted = _stage_inputs(model, task, data, head)
+    config = config or FinetuneConfig()
+    if teacher is not None:
+        teacher, _ = load_model_for_task(teacher, task_data.spec, head)
+        check_head(teacher, task_data.spec, "the teacher")
+    loaders = task_data.loaders(config.batch_size, config.seed)
+    result = finetune(net, loaders["train"], loaders["validation"], task_data.spec, _work_dir(out), config=config,
+                      resume=resume, teacher=teacher, progress=progress, log=log)
+    splits = [s for s in task_data.data if s != "train"]
+    result["scores"] = scores(net, loaders, task_data.spec, splits, progress)
+    save_model(net, task_data.processor, out, {"finetune.json": result})
+    return result
+
+
+def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
+    """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
+    task_data, net, converted = _stage_inputs(model, task, data, head)
+    check_head(net, task_data.spec, model)
+    task_data.recipe["eval"]["batch_size"] = batch_size
+    loaders = task_data.loaders(batch_size, 0)
+    splits = [s for s in task_data.data if s != "train"]
+    return {"task": task_data.spec.name, "converted": converted, "primary_metric": task_data.spec.primary_metric,
+            "scores": scores(net, loaders, task_data.spec, splits, progress)}

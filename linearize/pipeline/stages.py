@@ -1,0 +1,213 @@
+"""`linearize run`'s orchestration: teacher → convert + stage 1 → stage 2 → measurements → report.
+
+Each stage either reuses its finished result from the run folder (``state.json``) or makes it,
+then scores the model on the selection and report splits, saves it and records the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..config import DistillConfig, FinetuneConfig, stage_config
+from ..convert import convert
+from ..distill import attention_distances, distill
+from ..errors import LinearizeError
+from ..finetune import finetune
+from .artifacts import (RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved, recipe_difference,
+                        save_model)
+from .inputs import TaskData, build_source_model, check_head
+from .measurements import cls_attention, latency, latency_batch, luna_channels, scores
+from .run_report import build_report, write_run_report
+
+STAGES = ("teacher", "stage1", "stage2")
+STAGE_DIRS = {"teacher": "teacher", "stage1": "stage1", "stage2": "model"}
+TEACHER_KEYS = ("model", "head", "task", "data", "teacher", "seed")  # what a shared teacher must match
+
+
+@dataclass
+class RunContext:
+    """What every step of one run reads: the recipe, its folder and state, the task data (tokenised
+    once) and the evaluation loaders every stage is scored with."""
+
+    recipe: dict
+    out_dir: Path
+    state: RunState
+    task: TaskData
+    eval_loaders: dict
+    report_split: str
+    progress: bool
+    log: Callable
+    started: float
+
+    @property
+    def seed(self):
+        return self.recipe["seed"]
+
+    def train_loader(self, batch_size):
+        """A fresh shuffled train loader (its own seeded generator) at a stage's batch size."""
+        return self.task.loaders(batch_size, self.seed)["train"]
+
+    def score(self, model):
+        """``{split: metrics}`` on the selection split and the report split."""
+        splits = ["validation"] + ([self.report_split] if self.report_split != "validation" else [])
+        return scores(model, self.eval_loaders, self.task.spec, splits, self.progress)
+
+    def finish(self, stage, model, result):
+        """Score ``model``, save it into the stage's folder, record ``result`` and drop its checkpoints."""
+        model.eval()
+        result["scores"] = self.score(model)
+        save_model(model, self.task.processor, self.out_dir / STAGE_DIRS[stage])
+        self.state.finish(stage, comparable(result))
+        drop_resume_checkpoints(self.out_dir / "work" / stage)
+        return result
+
+
+def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None):
+    """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``.
+
+    ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
+    is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
+    """
+    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log)
+    if teacher_from is not None and not ctx.state.done("teacher"):
+        share_teacher(ctx, teacher_from)
+    reused = [stage for stage in STAGES if ctx.state.done(stage)]
+    teacher, teacher_result = teacher_stage(ctx)
+    student, stage1_result = stage1(ctx, teacher)
+    student, stage2_result = stage2(ctx, teacher, student, stage1_result)
+    log("[5/6] measuring latency and attention")
+    timing, seq_len, batch = measure_latency(ctx, teacher, student)
+    visuals = figure_data(ctx, teacher, student)
+    log("[6/6] writing the report")
+    # total: this call's wall time plus the stages it reused from earlier calls (or a shared teacher)
+    total = time.perf_counter() - ctx.started + sum(ctx.state.get(stage).get("seconds", 0.0) for stage in reused)
+    report = build_report(ctx.recipe, ctx.task.spec, ctx.task.data, student, teacher_result, stage1_result,
+                          stage2_result, ctx.report_split, timing, seq_len, batch, visuals, total)
+    return write_run_report(report, out_dir)
+
+
+def start_run(recipe, out_dir, *, overwrite, progress, log):
+    """Prepare the run folder (checking a resumed one holds the same recipe), seed everything, load
+    the data and the evaluation loaders."""
+    import shutil
+
+    from accelerate.utils import set_seed
+
+    from ..recipes import options_for
+
+    # the run keeps (and compares with its folder) the options its own method is converted with
+    recipe = dict(recipe, options=options_for(recipe["method"], recipe["options"]))
+    out_dir = Path(out_dir)
+    if overwrite and out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = RunState(out_dir, recipe)
+    set_seed(recipe["seed"])
+    started = time.perf_counter()
+    log(f"[1/6] data: {recipe['task']}")
+    task = TaskData.load(recipe)
+    report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
+    eval_loaders = task.loaders(recipe["eval"]["batch_size"], recipe["seed"])
+    return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started)
+
+
+def share_teacher(ctx, teacher_from):
+    """Take the finished teacher of the run folder ``teacher_from`` (hard-linked) after checking
+    that it was made with this run's model, head, task, data, teacher settings and seed."""
+    shared = RunState(teacher_from, None)
+    if not shared.done("teacher"):
+        raise LinearizeError(f"{teacher_from} has no finished teacher to share")
+    theirs, ours = shared.data.get("recipe") or {}, comparable(ctx.recipe)
+    difference = recipe_difference({k: theirs.get(k) for k in TEACHER_KEYS}, {k: ours.get(k) for k in TEACHER_KEYS})
+    if difference is not None:
+        raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); match it, "
+                             "or drop --teacher-from (--teachers-from), or compare into another --out")
+    link_or_copy(Path(teacher_from) / "teacher", ctx.out_dir / "teacher")
+    ctx.state.finish("teacher", shared.get("teacher"))
+
+
+def teacher_stage(ctx):
+    """The softmax teacher: the finished one, or the source model fine-tuned on the task (or, with
+    ``teacher.finetune: false``, taken as it is)."""
+    if ctx.state.done("teacher"):
+        ctx.log("[2/6] teacher: reusing the finished teacher")
+        teacher, result = load_saved(ctx.out_dir / "teacher", converted=False), ctx.state.get("teacher")
+    else:
+        teacher, result = _make_teacher(ctx)
+        ctx.finish("teacher", teacher, result)
+    teacher.eval()
+    return teacher, result
+
+
+def _make_teacher(ctx):
+    recipe, spec = ctx.recipe, ctx.task.spec
+    teacher, source = build_source_model(recipe, spec)
+    if not recipe["teacher"]["finetune"]:
+        ctx.log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
+        check_head(teacher, spec, recipe["model"])
+        return teacher, {"seconds": 0.0, "history": [], "finetuned": False}
+    ctx.log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
+    cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed)
+    result = finetune(teacher, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], spec,
+                      ctx.out_dir / "work" / "teacher", config=cfg, progress=ctx.progress, log=ctx.log)
+    result["finetuned"] = True
+    return teacher, result
+
+
+def stage1(ctx, teacher):
+    """A copy of the teacher converted to the recipe's method, its feature maps distilled against
+    the teacher's attention (or, with ``stage1.enabled: false``, only measured)."""
+    if ctx.state.done("stage1"):
+        ctx.log("[3/6] stage 1: reusing the distilled student")
+        return load_saved(ctx.out_dir / "stage1", converted=True), ctx.state.get("stage1")
+    recipe, s1 = ctx.recipe, ctx.recipe["stage1"]
+    ctx.log(f"[3/6] convert to {recipe['method']}; stage 1: attention distillation")
+    student = copy.deepcopy(teacher)
+    convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **recipe["options"])
+    if s1["enabled"]:
+        result = distill(student, ctx.train_loader(s1["batch_size"]), stage_config(DistillConfig, s1, seed=ctx.seed),
+                         eval_loader=ctx.eval_loaders["validation"], eval_batches=s1["eval_batches"],
+                         checkpoint_dir=ctx.out_dir / "work" / "stage1", progress=ctx.progress, log=ctx.log)
+    else:
+        per_layer = attention_distances(student, ctx.eval_loaders["validation"], s1["eval_batches"])
+        result = {"skipped": True, "reason": "stage1.enabled is false", "per_layer_before": per_layer,
+                  "per_layer_after": per_layer, "history": [], "seconds": 0.0, "steps": 0}
+    return student, ctx.finish("stage1", student, result)
+
+
+def stage2(ctx, teacher, student, stage1_result):
+    """The student fine-tuned on the task (with the teacher's outputs as a distillation target when
+    ``stage2.kd_weight`` > 0), or, with ``stage2.enabled: false``, stage 1's student as it is."""
+    if ctx.state.done("stage2"):
+        ctx.log("[4/6] stage 2: reusing the fine-tuned student")
+        return load_saved(ctx.out_dir / "model", converted=True), ctx.state.get("stage2")
+    if not ctx.recipe["stage2"]["enabled"]:
+        result = {"skipped": True, "seconds": 0.0, "history": [], "scores": stage1_result["scores"]}
+        save_model(student, ctx.task.processor, ctx.out_dir / "model")
+        ctx.state.finish("stage2", result)
+        return student, result
+    ctx.log("[4/6] stage 2: fine-tuning the student")
+    cfg = stage_config(FinetuneConfig, ctx.recipe["stage2"], seed=ctx.seed)
+    result = finetune(student, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], ctx.task.spec,
+                      ctx.out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=ctx.progress, log=ctx.log)
+    return student, ctx.finish("stage2", student, result)
+
+
+def measure_latency(ctx, teacher, student):
+    """Teacher and student forward latency on a batch at the run's sequence length, measured once:
+    a resumed run keeps the figure of the run that made the model."""
+    batch, seq_len = latency_batch(ctx.recipe, ctx.task.spec, ctx.eval_loaders[ctx.report_split], teacher)
+    if not ctx.state.done("latency"):
+        ctx.state.finish("latency", latency(teacher, student, batch, ctx.recipe["eval"]["latency_repeats"]))
+    return ctx.state.get("latency"), seq_len, batch
+
+
+def figure_data(ctx, teacher, student):
+    """The report's figure data: the feature maps' probes and CLS attention of teacher and student."""
+    return {"luna_channels": luna_channels(student, ctx.eval_loaders["validation"]),
+            "cls_attention": cls_attention(teacher, student, ctx.eval_loaders[ctx.report_split], ctx.task.spec,
+                                           ctx.task.processor, ctx.recipe["eval"]["examples"])}
