@@ -80,6 +80,9 @@ class DistillConfig(Config):
     mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
     gradient_accumulation_steps: int = setting(
         1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
+    block_size: int | None = setting(
+        512, "Query rows per block of the attention loss: a longer sequence is distilled block by block "
+             "(memory block × length instead of length², same loss); 0 = always all rows at once.")
 
 
 @dataclass

@@ -42,6 +42,17 @@ OLD_DEFAULTS = {
 }
 
 
+#: keys added since, with their defaults (issue 19: stage 1 block by block at long lengths)
+NEW_DEFAULTS = {"stage1": {"block_size": 512}}
+
+
+def _with_new_keys(old):
+    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in old.items()}
+    for section, keys in NEW_DEFAULTS.items():
+        merged[section].update(keys)
+    return merged
+
+
 def _typed(value):
     if isinstance(value, dict):
         return {key: _typed(item) for key, item in value.items()}
@@ -51,7 +62,7 @@ def _typed(value):
 def test_recipe_defaults_are_derived_and_unchanged():
     from linearize.recipes import DEFAULTS
 
-    assert _typed(DEFAULTS) == _typed(OLD_DEFAULTS)  # same keys, values and types (1.0 stays a float)
+    assert _typed(DEFAULTS) == _typed(_with_new_keys(OLD_DEFAULTS))  # same keys, values and types (1.0 stays a float)
     assert DEFAULTS == cfg.recipe_defaults()
     fresh = cfg.recipe_defaults()
     fresh["data"]["crop_scale"].append(2.0)

@@ -254,6 +254,14 @@ def linear_attention_weights(q, k, feature_map, key_padding_mask=None, scale=Non
     """The quadratic form Â (float32, ``[B,H,Nq,Nk]``) of the same kernel and normaliser as
     :func:`linear_attention`: rows sum to one over real keys and are zero on padded keys."""
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
+    return normalised_kernel_rows(phi_q, phi_k, mask, eps)
+
+
+def normalised_kernel_rows(phi_q, phi_k, mask, eps=DEFAULT_EPS):
+    """Â rows ``[B,H,Nq,Nk]`` from features (the outputs of :func:`feature_maps`) with the guarded
+    normaliser of the module docstring; ``phi_q`` may hold any subset of the query rows (stage 1's
+    blockwise loss passes one block of them), since each row only needs its own features and every
+    key's."""
     kappa = phi_q @ phi_k.transpose(-1, -2)
     n_real = mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]
     kappa = kappa + (eps / n_real) * mask[:, None, None, :]

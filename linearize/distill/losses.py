@@ -25,16 +25,24 @@ def _row_mean(values, query_mask):
     return (values * weights).sum() / weights.sum().clamp_min(1.0)
 
 
+def row_cross_entropy(teacher, student):
+    """Per-row CE ``−Σ_j A_ij log Â_ij`` ``[B,H,Nq]`` of rows ``[B,H,Nq,Nk]``."""
+    return -(teacher * student.clamp_min(LOG_FLOOR).log()).sum(-1)
+
+
+def row_entropy(weights):
+    """Per-row entropy ``H(A_i) = −Σ_j A_ij log A_ij`` ``[B,H,Nq]``."""
+    return -(weights * weights.clamp_min(LOG_FLOOR).log()).sum(-1)
+
+
 def attention_cross_entropy(teacher, student, query_mask=None):
     """CE between teacher rows and student rows ``[B,H,Nq,Nk]`` (query_mask ``[B,Nq]``, 1 = real)."""
-    ce = -(teacher * student.clamp_min(LOG_FLOOR).log()).sum(-1)
-    return _row_mean(ce, query_mask)
+    return _row_mean(row_cross_entropy(teacher, student), query_mask)
 
 
 def attention_entropy(weights, query_mask=None):
     """Mean row entropy H(A_i) = −Σ_j A_ij log A_ij."""
-    entropy = -(weights * weights.clamp_min(LOG_FLOOR).log()).sum(-1)
-    return _row_mean(entropy, query_mask)
+    return _row_mean(row_entropy(weights), query_mask)
 
 
 def attention_kl(teacher, student, query_mask=None):
@@ -45,8 +53,12 @@ def attention_kl(teacher, student, query_mask=None):
 def output_mse(student_out, teacher_out, query_mask=None):
     """Mean squared error of the attention outputs ``[B,H,N,d]`` over real query rows (the
     output-matching term LoLCATs uses beside attention transfer, Zhang et al. 2025 §3.1)."""
-    err = (student_out.float() - teacher_out.float()).pow(2).mean(-1)
-    return _row_mean(err, query_mask)
+    return _row_mean(row_squared_error(student_out, teacher_out), query_mask)
+
+
+def row_squared_error(student_out, teacher_out):
+    """Per-row mean squared error ``[B,H,N]`` of attention outputs ``[B,H,N,d]``."""
+    return (student_out.float() - teacher_out.float()).pow(2).mean(-1)
 
 
 def logit_distillation(student_logits, teacher_logits, temperature=2.0, regression=False):

@@ -7,7 +7,8 @@ converted layer's ``attend`` is taken over by :class:`DistillRecorder`, which re
 softmax output (so every layer is distilled on the teacher's inputs) and only uses the kernel
 path for the loss. Each layer's loss is back-propagated inside the forward pass as soon as it
 is computed (the feature maps of one layer only affect that layer's loss), so at most one
-layer's N×N maps are alive at a time.
+layer's N×N maps are alive at a time; a sequence longer than ``DistillConfig.block_size`` goes
+block by block of query rows (:mod:`linearize.distill.blockwise`), so not even those.
 
 Trained by :class:`linearize.training.Trainer` on ``accelerate``: one CPU, one GPU, or many
 processes (``accelerate launch``). The model itself is not wrapped for data parallelism (its
@@ -28,16 +29,19 @@ from ..attention.core import linear_attention_weights, softmax_attention_weights
 from ..config import DistillConfig  # the stage-1 settings live in linearize.config
 from ..convert.api import feature_maps_of
 from ..training import Trainer, atomic_torch_save, clear_checkpoint, make_accelerator
+from .blockwise import blockwise_distillation_terms
 from .losses import attention_cross_entropy, attention_entropy, output_mse
 
 
 class DistillRecorder:
     """The ``attend_hook`` of every converted layer during stage 1 (and KL measurement)."""
 
-    def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0, backward=None):
+    def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0, backward=None,
+                 block_size=DistillConfig.block_size):
         self.train = train
         self.loss_scale = loss_scale
         self.output_loss_weight = output_loss_weight
+        self.block_size = block_size  # longer query sequences go block by block (DistillConfig.block_size)
         # accelerate's backward in training: it scales the loss when fp16 keeps a gradient scaler
         self.backward = backward or torch.Tensor.backward
         self.reset()
@@ -46,6 +50,8 @@ class DistillRecorder:
         self.sums = defaultdict(lambda: defaultdict(float))
 
     def __call__(self, fm, q, k, v, key_padding_mask, scale, output_attentions):
+        if self.block_size and q.shape[2] > self.block_size and not output_attentions:
+            return self._blockwise(fm, q, k, v, key_padding_mask, scale), None
         with torch.no_grad():
             teacher = softmax_attention_weights(q, k, key_padding_mask, scale)
             out = (teacher @ v.float()).to(v.dtype)  # exact softmax attention feeds the next layer
@@ -62,13 +68,30 @@ class DistillRecorder:
         with torch.no_grad():
             h_teacher = attention_entropy(teacher, query_mask)
             h_student = attention_entropy(student.detach().clamp_min(0), query_mask)
-        stats = self.sums[fm.layer_index]
+        self._record(fm.layer_index, ce, h_teacher, h_student)
+        return out, (teacher if output_attentions else None)
+
+    def _blockwise(self, fm, q, k, v, key_padding_mask, scale):
+        """The same loss, statistics and output over blocks of ``block_size`` query rows (memory
+        O(block·N), see :mod:`linearize.distill.blockwise`); returns the exact softmax output."""
+        with torch.enable_grad() if self.train else torch.no_grad():
+            terms = blockwise_distillation_terms(q.detach(), k.detach(), v.detach(), fm, key_padding_mask, scale,
+                                                 self.block_size, with_mse=bool(self.output_loss_weight))
+            loss = terms.ce
+            if self.output_loss_weight:
+                loss = loss + self.output_loss_weight * terms.mse
+            if self.train and loss.requires_grad:
+                self.backward(loss * self.loss_scale)
+        self._record(fm.layer_index, terms.ce, terms.teacher_entropy, terms.student_entropy)
+        return terms.out
+
+    def _record(self, layer, ce, h_teacher, h_student):
+        stats = self.sums[layer]
         stats["ce"] += ce.item()
         stats["kl"] += ce.item() - h_teacher.item()
         stats["teacher_entropy"] += h_teacher.item()
         stats["student_entropy"] += h_student.item()
         stats["count"] += 1
-        return out, (teacher if output_attentions else None)
 
     def per_layer(self):
         """``{layer: {ce, kl, teacher_entropy, student_entropy}}`` averaged over recorded calls."""
@@ -99,9 +122,10 @@ def model_inputs(batch):
 
 
 @torch.no_grad()
-def attention_distances(model, loader, max_batches=None, device=None):
-    """Per-layer CE, KL and entropies of the student's attention against the teacher's."""
-    recorder = DistillRecorder(train=False)
+def attention_distances(model, loader, max_batches=None, device=None, block_size=DistillConfig.block_size):
+    """Per-layer CE, KL and entropies of the student's attention against the teacher's
+    (``block_size``: query rows per block for longer sequences, as in training)."""
+    recorder = DistillRecorder(train=False, block_size=block_size)
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
@@ -155,7 +179,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     model.to(accelerator.device)
     if not params:
         log(f"stage 1 skipped: method {method!r} has no learnable feature-map parameters")
-        per_layer = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+        per_layer = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
         return {"skipped": True, "reason": f"{method} has no learnable parameters", "method": method,
                 "per_layer_before": per_layer, "per_layer_after": per_layer, "history": [], "steps": 0,
                 "seconds": 0.0, "config": config.to_dict()}
@@ -164,7 +188,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
         p.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
-    before = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+    before = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
     trainer = Trainer(accelerator, train_loader, config, loss_name="stage 1: the attention loss")
     trainer.prepare(torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay))
     state_path = Path(checkpoint_dir) / STATE_FILE if checkpoint_dir else None
@@ -174,7 +198,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     seconds = trainer.seconds
     for p in model.parameters():
         p.requires_grad_(True)
-    after = attention_distances(model, eval_loader, eval_batches, accelerator.device)
+    after = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
     warning = stage1_warning(method, before, after)
     if warning:
         log(f"warning: {warning}")
@@ -205,7 +229,7 @@ def _train_feature_maps(model, maps, params, trainer, state_path, step, history)
     last step."""
     config, accelerator = trainer.config, trainer.accelerator
     recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
-                               backward=accelerator.backward)
+                               backward=accelerator.backward, block_size=config.block_size)
     model.eval()  # dropout off: the teacher rows must be exact
     with distillation_mode(model, recorder):
         while step < trainer.total:
