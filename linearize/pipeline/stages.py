@@ -173,7 +173,8 @@ def stage1(ctx, teacher):
                          eval_loader=ctx.eval_loaders["validation"], eval_batches=s1["eval_batches"],
                          checkpoint_dir=ctx.out_dir / "work" / "stage1", progress=ctx.progress, log=ctx.log)
     else:
-        per_layer = attention_distances(student, ctx.eval_loaders["validation"], s1["eval_batches"])
+        per_layer = attention_distances(student, ctx.eval_loaders["validation"], s1["eval_batches"],
+                                        block_size=s1["block_size"])
         result = {"skipped": True, "reason": "stage1.enabled is false", "per_layer_before": per_layer,
                   "per_layer_after": per_layer, "history": [], "seconds": 0.0, "steps": 0}
     return student, ctx.finish("stage1", student, result)
