@@ -109,6 +109,17 @@ class FinetuneConfig(Config):
         200, "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only).")
 
 
+@dataclass
+class PositionsConfig(Config):
+    """Position extension at conversion (``linearize.convert``, ``linearize convert``): a longer
+    learned position table for BERT-style encoders (``linearize.convert.positions``)."""
+
+    max_length: int | None = setting(
+        None, "Extend the learned position table to this many tokens (default: keep the model's own).")
+    position_init: str = setting(
+        "tile", "How the new positions start: tile (copy the pretrained table, as Longformer) | interpolate.")
+
+
 # ---- the recipe's sections ------------------------------------------------------------------------
 
 @dataclass

@@ -8,9 +8,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from ..config import PositionsConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
 from . import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
+from .config_options import config_options
 
 
 @app.command("methods")
@@ -45,6 +47,7 @@ def methods_command(
 
 @app.command("convert")
 @friendly_errors
+@config_options(PositionsConfig, into="positions")
 def convert_command(
     model: Annotated[str, typer.Argument(help="A local model folder, a Hub id, or an alias (bert-base, roberta-base, "
                                               "vit-base, minilm).")],
@@ -59,15 +62,18 @@ def convert_command(
         help="Load this task head instead of the checkpoint's own: base, sequence-classification, "
              "token-classification, masked-lm, image-classification.")] = None,
     num_labels: Annotated[Optional[int], typer.Option(help="Number of labels of a new classification head.")] = None,
+    positions: PositionsConfig = None,
 ):
     """Convert a pretrained encoder's softmax attention to linear attention and save it.
 
     Example: linearize convert minilm --method luna --out runs/minilm-luna
+    Longer inputs: linearize convert minilm --method hedgehog --max-length 4096 --out runs/minilm-hh-4k
     """
     from ..convert import convert_checkpoint
 
     info = convert_checkpoint(model, method, out, layers=parse_layers(layers), options=parse_options(option),
-                              overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels)
+                              overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels,
+                              **positions.to_dict())
     print_summary(info)
 
 
@@ -96,6 +102,8 @@ def print_summary(info):
         ("parameters added", f"{info['parameters_added']:,} ({info['parameters_added_percent']:.3f}% of "
                              f"{info['parameters_base']:,})"),
     ]
+    if info.get("max_length"):
+        rows.append(("positions", f"{info['max_length']:,} tokens ({info['position_init']})"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

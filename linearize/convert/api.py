@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..attention.feature_maps import check_method_options
 from ..errors import LinearizeError
+from . import positions
 from .backends import backend_for, backend_for_block, hf_attention
 from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
 from .loading import check_loading_info, read_linearize_block  # noqa: F401  (public names)
@@ -55,11 +56,13 @@ def is_converted(model):
     return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
 
 
-def convert(model, method="luna", *, layers=None, source=None, **options):
+def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, **options):
     """Replace softmax self-attention by ``method`` in place and return the model.
 
     ``layers``: indices of the attention layers to convert (default all); the others stay
     softmax. ``options``: the method's options (``linearize.method_options(method)``).
+    ``max_length`` / ``position_init`` (``config.PositionsConfig``): extend a learned position
+    table to ``max_length`` tokens, tiled (default) or interpolated (``convert.positions``).
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers.
     """
@@ -69,13 +72,17 @@ def convert(model, method="luna", *, layers=None, source=None, **options):
     if is_converted(model):
         raise LinearizeError("this model is already converted; call linearize.revert(model) first to convert again")
     chosen = _check_layers(layers, len(modules))
+    max_length, position_init = positions.check_max_length(model, max_length, position_init)
     before = sum(p.numel() for p in model.parameters())
     block = {"format_version": FORMAT_VERSION, "linearize_version": _version(), "method": method,
              "options": dict(options), "layers": chosen, "num_attention_layers": len(modules)}
     block.update(backend.record(model, source))
     backend.attach(model, method, chosen, options, block)
     block["parameters_added"] = int(sum(p.numel() for p in model.parameters()) - before)
-    block["parameters_base"] = int(before)
+    if max_length is not None:  # after attach: the model owns its config now
+        positions.extend_positions(model, max_length, position_init)
+        block.update(max_length=max_length, position_init=position_init)
+    block["parameters_base"] = int(sum(p.numel() for p in model.parameters()) - block["parameters_added"])
     return model
 
 
@@ -124,8 +131,9 @@ def parameter_overhead(model):
     return added, block.get("parameters_base", total - added)
 # ---- checkpoints on disk (what the CLI calls) -----------------------------------------------------
 
-def save_processors(source, directory):
-    """Copy the source checkpoint's tokenizer or image processor into ``directory`` (if any)."""
+def save_processors(source, directory, model_max_length=None):
+    """Copy the source checkpoint's tokenizer or image processor into ``directory`` (if any);
+    ``model_max_length`` sets the tokenizer's limit (a model whose positions were extended)."""
     import transformers
 
     saved = []
@@ -134,17 +142,21 @@ def save_processors(source, directory):
             processor = auto.from_pretrained(source)
         except (OSError, ValueError, TypeError, KeyError):
             continue
+        if model_max_length is not None and hasattr(processor, "model_max_length"):
+            processor.model_max_length = int(model_max_length)
         processor.save_pretrained(directory)
         saved.append(type(processor).__name__)
     return saved
 
 
 def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
-                       allow_pickle=False, head=None, num_labels=None):
+                       allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None):
     """Load ``model_name`` (folder, Hub id or alias), convert it and save it to ``out``.
 
     ``head`` (``linearize.convert.loading.HEADS``) picks the task head to load instead of the
     checkpoint's own architecture (a new head is randomly initialised, ``num_labels`` outputs).
+    ``max_length`` / ``position_init``: extend the position table (``convert``); the saved
+    tokenizer's ``model_max_length`` follows.
     The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
     prints).
     """
@@ -158,10 +170,11 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     prepare_output_dir(out, overwrite=overwrite)
     extra = {} if num_labels is None else {"num_labels": int(num_labels)}
     model = load_source_model(model_name, allow_pickle=allow_pickle, head=head, **extra)
-    convert(model, method, layers=layers, source=model_name, **options)
+    convert(model, method, layers=layers, source=model_name, max_length=max_length, position_init=position_init,
+            **options)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
-        save_processors(resolve_model_name(model_name), tmp)
+        save_processors(resolve_model_name(model_name), tmp, model_max_length=max_length)
     return summary(out)
 
 
@@ -183,4 +196,6 @@ def summary(directory):
         "parameters_base": base,
         "parameters_added_percent": 100.0 * added / base if base else 0.0,
         "linearize_version": block.get("linearize_version"),
+        "max_length": block.get("max_length"),
+        "position_init": block.get("position_init"),
     }

@@ -1,0 +1,138 @@
+"""Position extension at conversion: a longer learned absolute position table.
+
+Linear attention pays off only beyond the 512 positions BERT-style encoders learned, so
+``linearize.convert(model, method, max_length=N)`` (``linearize convert --max-length N``) gives the
+model a position table of N rows, initialised from the pretrained one in one of two ways
+(``position_init``):
+
+- ``tile`` (default): the pretrained rows copied repeatedly, new row ``j`` = old row ``j mod L``
+  (Beltagy, Peters & Cohan 2020, "Longformer: The Long-Document Transformer", §5 "Position
+  Embeddings": RoBERTa's 512 positions copied to 4,096, which kept its quality after little
+  training, because the attention heads' strong local pattern survives everywhere but at the
+  seams). Positions below L keep their pretrained rows, so every input the source model accepted
+  gives exactly its output; any N ≥ L is supported.
+- ``interpolate``: the table read as a curve over positions and resampled linearly at N points,
+  new row ``j`` = old table at position ``x = j·(L-1)/(N-1)``, ``(1-t)·P[⌊x⌋] + t·P[⌈x⌉]``, ``t = x - ⌊x⌋``
+  (the position-interpolation idea of Chen, Wong, Chen & Tian 2023, "Extending Context Window of
+  Large Language Models via Positional Interpolation", §2.3 "Position Interpolation",
+  f′(x, m) = f(x, m·L/L′), applied to a learned table;
+  transformers' ``interpolate_pos_encoding`` does the same for ViT's grid). The first and last rows
+  are kept; every other row lies between two neighbouring pretrained rows. Supported for
+  L ≤ N ≤ ``INTERPOLATION_MAX_FACTOR``·L: Chen et al. extend by up to 16× (§3, 2,048 → 32,768);
+  past that, neighbouring positions differ by less than a sixteenth of a pretrained step.
+
+RoBERTa, XLM-R and CamemBERT number their positions from ``padding_idx + 1`` (rows
+``0..padding_idx`` are never a real position), so their table has ``N + padding_idx + 1`` rows:
+those first rows are kept as they are and only the real positions are tiled or interpolated.
+The ``position_ids`` / ``token_type_ids`` buffers grow with the table and
+``config.max_position_embeddings`` is set, so a saved model reloads at length N (with linearize or
+with plain transformers and ``trust_remote_code``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import PositionsConfig
+from ..errors import LinearizeError
+
+POSITION_INITS = ("tile", "interpolate")
+INTERPOLATION_MAX_FACTOR = 16
+#: buffers of an embeddings module that hold one entry per position
+POSITION_BUFFERS = ("position_ids", "token_type_ids")
+LEARNED_POSITION_MODELS = "BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ALBERT and DistilBERT"
+
+
+def tile_positions(table, length):
+    """``length`` rows: the rows of ``table`` repeated (Longformer's copy initialisation, §5)."""
+    repeats = -(-length // table.shape[0])
+    return table.repeat(repeats, 1)[:length].clone()
+
+
+def interpolate_positions(table, length):
+    """``length`` rows sampled linearly from ``table`` (Chen et al. 2023, §2.3: position ``j`` reads the
+    pretrained table at ``j·(L-1)/(length-1)``); the first and last rows are kept."""
+    curve = table.t().unsqueeze(0)  # [1, dim, rows]: interpolate along the positions
+    resampled = nn.functional.interpolate(curve.float(), size=length, mode="linear", align_corners=True)
+    return resampled[0].t().to(table.dtype).contiguous()
+
+
+def position_table(model):
+    """``(embeddings module, offset)``: the module whose ``position_embeddings`` is a learned
+    ``nn.Embedding`` of ``config.max_position_embeddings`` rows, and the first real position's row
+    (``padding_idx + 1`` for RoBERTa-style tables, else 0); a LinearizeError if the model has none."""
+    rows = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        if isinstance(table, nn.Embedding) and table.num_embeddings == rows:
+            if getattr(getattr(model, "config", None), "sinusoidal_pos_embds", False):
+                break  # DistilBERT configured with fixed sinusoids: nothing learned to extend
+            offset = 0 if table.padding_idx is None else table.padding_idx + 1
+            return module, offset
+    kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    raise LinearizeError(f"{kind!r} has no learned absolute position table to extend; --max-length / max_length "
+                         f"applies to {LEARNED_POSITION_MODELS}")
+
+
+def max_positions(model):
+    """The longest input (in tokens) the model's position table takes now."""
+    module, offset = position_table(model)
+    return module.position_embeddings.num_embeddings - offset
+
+
+def check_max_length(model, max_length, position_init=None):
+    """The chosen ``(max_length, position_init)`` or a one-line LinearizeError saying what fits.
+
+    ``max_length`` None means no extension; ``position_init`` None the default (``tile``)."""
+    default = PositionsConfig().position_init
+    if max_length is None:
+        if position_init not in (None, default):
+            raise LinearizeError(f"position_init={position_init!r} needs max_length (--max-length N): the length "
+                                 "to extend the position table to")
+        return None, None
+    position_init = default if position_init is None else position_init
+    if position_init not in POSITION_INITS:
+        raise LinearizeError(f"unknown position_init {position_init!r}; valid: {', '.join(POSITION_INITS)}")
+    current = max_positions(model)
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
+        raise LinearizeError(f"max_length must be a positive number of tokens (≥ the model's {current}), got "
+                             f"{max_length!r}")
+    if max_length < current:
+        raise LinearizeError(f"max_length {max_length!r} is shorter than the model's {current} positions: pass an "
+                             f"integer N ≥ {current}")
+    if position_init == "interpolate" and max_length > INTERPOLATION_MAX_FACTOR * current:
+        raise LinearizeError(f"max_length {max_length} is more than {INTERPOLATION_MAX_FACTOR}× the model's "
+                             f"{current} positions, beyond what interpolation supports: pass N ≤ "
+                             f"{INTERPOLATION_MAX_FACTOR * current}, or position_init='tile' (any N ≥ {current})")
+    return max_length, position_init
+
+
+def extend_positions(model, max_length, position_init=None):
+    """Give ``model`` a learned position table of ``max_length`` positions, in place; return it.
+
+    ``position_init``: ``"tile"`` (default) or ``"interpolate"`` (see the module docstring for the
+    papers). Rows before the first real position (RoBERTa's padding offset) are kept; the
+    per-position buffers and ``config.max_position_embeddings`` follow."""
+    max_length, position_init = check_max_length(model, max_length, position_init)
+    if max_length is None:
+        return model
+    module, offset = position_table(model)
+    old = module.position_embeddings
+    with torch.no_grad():
+        real = old.weight[offset:]
+        grown = tile_positions(real, max_length) if position_init == "tile" else interpolate_positions(real, max_length)
+        weight = torch.cat([old.weight[:offset], grown])
+    new = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=old.padding_idx, device=weight.device,
+                       dtype=weight.dtype)
+    new.weight = nn.Parameter(weight, requires_grad=old.weight.requires_grad)
+    module.position_embeddings = new
+    rows = weight.shape[0]
+    for name in POSITION_BUFFERS:  # assigning keeps each buffer's persistence
+        buffer = getattr(module, name, None)
+        if isinstance(buffer, torch.Tensor):
+            fill = torch.arange(rows, device=buffer.device) if name == "position_ids" else \
+                torch.zeros(rows, dtype=buffer.dtype, device=buffer.device)
+            setattr(module, name, fill.to(buffer.dtype).expand(1, -1).clone())
+    model.config.max_position_embeddings = rows
+    return model
