@@ -10,18 +10,15 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_json
+from ..io import atomic_path, atomic_write_json
 
 PROGRESS_FILE = "progress.json"
 
 
 def atomic_torch_save(obj, path):
     """``torch.save`` to a temporary file beside ``path``, then renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def clear_checkpoint(accelerator, paths, log):

@@ -92,7 +92,7 @@ class HFBackend:
     def load(self, directory, data, block, **kwargs):
         import transformers
 
-        config = base_config(directory)
+        config = _base_config(data, block)
         base = getattr(transformers, block["architecture"], None)
         if base is None:
             raise LinearizeError(f"transformers {transformers.__version__} has no class {block['architecture']!r}; "
@@ -150,9 +150,13 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
 
 def base_config(directory):
     """The source architecture's own config class for a saved converted model (no remote code)."""
+    return _base_config(*read_linearize_block(directory))
+
+
+def _base_config(data, block):
+    """``base_config`` from an already read config.json (``data``) and its decoded block."""
     import transformers
 
-    data, block = read_linearize_block(directory)
     config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
     config = transformers.AutoConfig.for_model(block["base_model_type"], **config_dict)
     config.linearize = block

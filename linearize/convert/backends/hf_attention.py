@@ -116,18 +116,20 @@ def layer_options(method, options, layer_index):
     return options
 
 
+def layer_feature_map(module, index, method, options, head_dim, num_heads):
+    """The feature map of attention layer ``index`` (its own seed), on ``module``'s device and dtype."""
+    fm = create_feature_map(method, head_dim, num_heads, **layer_options(method, options, index))
+    reference = next(module.parameters(), None)
+    return fm if reference is None else fm.to(device=reference.device, dtype=reference.dtype)
+
+
 def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
     """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers``."""
     for index, (_, module) in enumerate(modules):
         if hasattr(module, "linearize_map"):
             del module.linearize_map
-        if index not in layers:
-            continue
-        fm = create_feature_map(method, head_dim, num_heads, **layer_options(method, options, index))
-        reference = next(module.parameters(), None)
-        if reference is not None:
-            fm = fm.to(device=reference.device, dtype=reference.dtype)
-        module.linearize_map = fm
+        if index in layers:
+            module.linearize_map = layer_feature_map(module, index, method, options, head_dim, num_heads)
 
 
 def apply_linearize_config(model, block):

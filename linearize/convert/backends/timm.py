@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...attention.feature_maps import create_feature_map
 from ...errors import LinearizeError
 from ...io import atomic_write_json
 from ..config_block import encode_block
 from ..loading import check_loading_info, check_weights
-from .hf_attention import layer_options
+from .hf_attention import layer_feature_map
 from .timm_attention import is_timm_vit, linearized_class, timm_attention_modules, unpatch
 
 CONFIG = "config.json"
@@ -83,10 +82,8 @@ class TimmBackend:
         for index, (_, module) in enumerate(self.attention_modules(model)):
             if index not in layers:
                 continue
-            fm = create_feature_map(method, module.head_dim, module.num_heads,
-                                    **layer_options(method, options, index))
-            reference = next(module.parameters())
-            module.linearize_map = fm.to(device=reference.device, dtype=reference.dtype)
+            module.linearize_map = layer_feature_map(module, index, method, options, module.head_dim,
+                                                     module.num_heads)
             module.__class__ = linearized_class(type(module))
         model.linearize_config = block
         model.__class__ = _linearized_model_class(type(model))
