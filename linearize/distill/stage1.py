@@ -59,12 +59,8 @@ class DistillRecorder:
         with torch.enable_grad() if self.train else torch.no_grad():
             student = linear_attention_weights(q.detach(), k.detach(), fm, key_padding_mask, scale)
             ce = attention_cross_entropy(teacher, student, query_mask)
-            loss = ce
-            if self.output_loss_weight:
-                mse = output_mse(student @ v.detach().float(), out, query_mask)
-                loss = loss + self.output_loss_weight * mse
-            if self.train and loss.requires_grad:
-                self.backward(loss * self.loss_scale)
+            mse = output_mse(student @ v.detach().float(), out, query_mask) if self.output_loss_weight else None
+            self._backward(ce, mse)
         with torch.no_grad():
             h_teacher = attention_entropy(teacher, query_mask)
             h_student = attention_entropy(student.detach().clamp_min(0), query_mask)
@@ -77,13 +73,15 @@ class DistillRecorder:
         with torch.enable_grad() if self.train else torch.no_grad():
             terms = blockwise_distillation_terms(q.detach(), k.detach(), v.detach(), fm, key_padding_mask, scale,
                                                  self.block_size, with_mse=bool(self.output_loss_weight))
-            loss = terms.ce
-            if self.output_loss_weight:
-                loss = loss + self.output_loss_weight * terms.mse
-            if self.train and loss.requires_grad:
-                self.backward(loss * self.loss_scale)
+            self._backward(terms.ce, terms.mse)
         self._record(fm.layer_index, terms.ce, terms.teacher_entropy, terms.student_entropy)
         return terms.out
+
+    def _backward(self, ce, mse):
+        """In training, backpropagate this layer's loss: the CE, plus the weighted output MSE when on."""
+        loss = ce if mse is None else ce + self.output_loss_weight * mse
+        if self.train and loss.requires_grad:
+            self.backward(loss * self.loss_scale)
 
     def _record(self, layer, ce, h_teacher, h_student):
         stats = self.sums[layer]
