@@ -241,9 +241,10 @@ def _measure(candidates, repeats, warmup, memory, reference, ratio_key):
         if memory:
             entry["peak_extra_bytes"] = peaks[label]
         results[label] = entry
-    base = results[reference]["median_ms"]
-    for entry in results.values():
-        entry[ratio_key] = entry["median_ms"] / base
+    if reference in results:  # a reference skipped at this length (memory cap): no ratios
+        base = results[reference]["median_ms"]
+        for entry in results.values():
+            entry[ratio_key] = entry["median_ms"] / base
     return results
 
 
@@ -342,33 +343,60 @@ def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32,
     return rows
 
 
+def crossover_point(points):
+    """Where a method becomes faster than softmax, from ``[(N, time ÷ softmax time)]`` (any order).
+
+    - ``measured``: the smallest measured N from which the method is faster (ratio < 1) at that
+      and every longer measured N; for a ratio that falls with N (the usual case) this is the
+      smallest measured N where it is faster. A faster point followed by a slower one (noise) is
+      not a crossover. None: not faster at the longest measured N.
+    - ``estimate``: the N where the ratio crosses 1 between the last slower measured point
+      ``(N0, r0)`` (r0 ≥ 1) and ``measured`` ``(N1, r1)``, by linear interpolation of log r in
+      log N: ``log N* = log N0 + t·(log N1 - log N0)`` with ``t = log r0 / (log r0 - log r1)``
+      (rounded to a whole N). None when never faster or faster already at the first measured N.
+    """
+    points = sorted((int(n), float(r)) for n, r in points)
+    if not points:
+        return None
+    measured = None
+    for index, (n, ratio) in enumerate(points):
+        if all(r < 1.0 for _, r in points[index:]):
+            measured = n
+            break
+    estimate = None
+    if measured is not None and measured != points[0][0]:
+        index = [n for n, _ in points].index(measured)
+        (n0, r0), (n1, r1) = points[index - 1], points[index]
+        if r0 >= 1.0 > r1 and r1 > 0:
+            t = math.log(r0) / (math.log(r0) - math.log(r1))
+            estimate = round(math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0))))
+    note = ("never faster in the measured range" if measured is None else
+            f"faster from the first measured length ({measured}) on" if measured == points[0][0] else
+            f"faster from N={measured} on")
+    return {"measured": measured, "estimate": estimate, "faster_at_all_lengths": measured == points[0][0],
+            "note": note}
+
+
+def crossover_text(cross, unit="softmax"):
+    """One line: where a method is faster than ``unit`` (from a :func:`crossover_point` dict)."""
+    if not cross or cross.get("measured") is None:
+        return f"not faster than {unit} at the longest measured length"
+    if cross.get("faster_at_all_lengths"):
+        return f"faster than {unit} at every measured length (from N = {cross['measured']:,})"
+    estimate = f" (interpolated crossover N ≈ {cross['estimate']:,})" if cross.get("estimate") else ""
+    return f"faster than {unit} from N = {cross['measured']:,} on{estimate}"
+
+
 def crossovers(rows, labels, reference=SDPA):
-    """Per label: the first measured length from which its linear path stays faster than
-    ``reference`` (``measured``), and a log-log interpolation of where the time ratio crosses 1
-    (``estimate``, None when never crossed or faster already at the first length)."""
+    """Per label: :func:`crossover_point` of its time ÷ ``reference``'s time over the rows where
+    both were measured (``measured``: the first length from which it stays faster; ``estimate``:
+    the log-log interpolated N where the ratio crosses 1)."""
     out = {}
     for label in labels:
         points = [(row["seq_len"], row["results"][label]["median_ms"] / row["results"][reference]["median_ms"])
                   for row in rows if label in row["results"] and reference in row["results"]]
-        if not points:
-            continue
-        measured = None
-        for index, (n, ratio) in enumerate(points):
-            if all(r < 1.0 for _, r in points[index:]):
-                measured = n
-                break
-        estimate = None
-        if measured is not None and measured != points[0][0]:
-            index = [n for n, _ in points].index(measured)
-            (n0, r0), (n1, r1) = points[index - 1], points[index]
-            if r0 >= 1.0 > r1 and r0 > 0 and r1 > 0:
-                t = math.log(r0) / (math.log(r0) - math.log(r1))
-                estimate = round(math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0))))
-        note = ("never faster in the measured range" if measured is None else
-                f"faster from the first measured length ({measured}) on" if measured == points[0][0] else
-                f"faster from N={measured} on")
-        out[label] = {"measured": measured, "estimate": estimate, "faster_at_all_lengths": measured == points[0][0],
-                      "note": note}
+        if points:
+            out[label] = crossover_point(points)
     return out
 
 
@@ -521,6 +549,9 @@ def markdown_report(result):
             cells = [f"{row['results'][label]['median_ms']:.2f} ({row['results'][label]['time_vs_softmax']:.2f})"
                      for label in mlabels]
             lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+        lines += ["", "Whole model, crossover:", ""] + [
+            f"- {label}: {crossover_text(cross, model['info']['softmax_label'])}"
+            for label, cross in model.get("crossover", {}).items()]
         if any("peak_extra_bytes" in e for row in model["rows"] for e in row["results"].values()):
             lines += ["", "Whole model: peak extra memory (MiB) of one forward", "",
                       "| N | " + " | ".join(mlabels) + " |", "|---:|" + "---:|" * len(mlabels)]
@@ -642,6 +673,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     if not seq_lens or min(seq_lens) < 1:
         raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = _method_specs(methods)
+    labels = [label for label, _, _ in specs]
     saved_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -656,11 +688,10 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
         if model is not None and model_seq_lens:
             info, rows = bench_model(model, specs, model_seq_lens, batch_size=batch_size, repeats=repeats,
                                      warmup=warmup, memory=memory, seed=seed, log=log)
-            model_part = {"info": info, "rows": rows}
+            model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
         machine["load_average_end"] = _load_average()
         machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
         machine["busy_warning"] = _busy_warning(machine)
-        labels = [label for label, _, _ in specs]
         result = {
             "machine": machine,
             "config": {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,

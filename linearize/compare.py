@@ -4,7 +4,8 @@ Rows follow the papers' tables (LUNA Table 2, Flexformer Table 3): the softmax t
 each method with stage 1 and — for methods with learnable feature maps — without it (``t2r``
 without stage 1 is the papers' "T2R", with it "T2R-HH"). Per seed one teacher is fine-tuned
 and shared by every method's run. Cells are mean ± std over seeds of the report split's
-primary metric and of the recovery; model selection only ever used the dev split.
+primary metric and of the recovery; model selection only ever used the dev split (the stage-1
+model competes with stage 2's epochs there, as epoch 0).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .attention import create_feature_map
 from .attention.feature_maps import default_comparison
 from .io import atomic_write_json, atomic_write_text
 from .pipeline import run
+from .training import on_main_process
 
 DEFAULT_METHODS = default_comparison()  # every map with ``in_default_comparison``
 
@@ -79,36 +81,31 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     so an interrupted compare continues where it stopped. ``table_only``: run nothing, build the
     table from the runs that are finished (the rest are listed in ``missing``).
     """
+    from .config import validate_recipe
     from .errors import LinearizeError
-    from .recipes import merge
     from .report import REPORT_JSON, load_report
 
-    out_dir = Path(out_dir)
-    methods = methods or DEFAULT_METHODS
-    settings = settings or {"": {}}
-    results, missing = {}, []
-    for seed in seeds:
-        teacher_run = shared_teacher(Path(teachers_from or out_dir) / f"seed{seed}")
-        if teachers_from and teacher_run is None:
-            log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
-        for label, method, stage1 in variants(methods, without_stage1):
-            for name, overrides in settings.items():
-                run_recipe = merge(copy.deepcopy(recipe), copy.deepcopy(overrides))
-                run_recipe.update(method=method, seed=seed)
-                run_recipe["stage1"]["enabled"] = stage1 and run_recipe["stage1"].get("enabled", True)
-                row = f"{label} ({name})" if name else label
-                folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
-                                                    + (f"--{slug(name)}" if name else ""))
-                if table_only:
-                    if not (folder / REPORT_JSON).is_file():
-                        missing.append(f"seed {seed}: {row}")
-                        continue
-                    results.setdefault(row, []).append(load_report(folder))
-                    continue
-                log(f"== seed {seed}: {row} -> {folder}")
-                report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_run)
-                teacher_run = teacher_run or folder
-                results.setdefault(row, []).append(report)
+    out_dir, settings = Path(out_dir), settings or {"": {}}
+    plan = run_plan(recipe, out_dir, methods or DEFAULT_METHODS, seeds, without_stage1, settings)
+    if not table_only:
+        for *_, run_recipe in plan:  # every run's recipe is checked before the first one starts
+            validate_recipe(run_recipe)
+    results, missing, teacher_runs = {}, [], {}
+    for seed, row, folder, run_recipe in plan:
+        if table_only:
+            if not (folder / REPORT_JSON).is_file():
+                missing.append(f"seed {seed}: {row}")
+                continue
+            results.setdefault(row, []).append(load_report(folder))
+            continue
+        if seed not in teacher_runs:
+            teacher_runs[seed] = shared_teacher(Path(teachers_from or out_dir) / f"seed{seed}")
+            if teachers_from and teacher_runs[seed] is None:
+                log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
+        log(f"== seed {seed}: {row} -> {folder}")
+        report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_runs[seed])
+        teacher_runs[seed] = teacher_runs[seed] or folder
+        results.setdefault(row, []).append(report)
     if not results:
         raise LinearizeError(f"no finished runs in {out_dir} to tabulate; run without --table-only first")
     table = summarize(results)
@@ -116,9 +113,30 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     table["missing"] = missing
     if missing:
         log(f"not finished (left out of the table): {'; '.join(missing)}")
+    on_main_process(_write_table, out_dir, table)
+    return table
+
+
+def _write_table(out_dir, table):
     atomic_write_json(out_dir / "compare.json", table)
     atomic_write_text(out_dir / "compare.md", render(table))
-    return table
+
+
+def run_plan(recipe, out_dir, methods, seeds, without_stage1, settings):
+    """``[(seed, row label, run folder, run recipe)]``: every run of a comparison, in order."""
+    from .recipes import merge
+
+    plan = []
+    for seed in seeds:
+        for label, method, stage1 in variants(methods, without_stage1):
+            for name, overrides in settings.items():
+                run_recipe = merge(copy.deepcopy(recipe), copy.deepcopy(overrides))
+                run_recipe.update(method=method, seed=seed)
+                run_recipe["stage1"]["enabled"] = stage1 and run_recipe["stage1"].get("enabled", True)
+                folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
+                                                    + (f"--{slug(name)}" if name else ""))
+                plan.append((seed, f"{label} ({name})" if name else label, folder, run_recipe))
+    return plan
 
 
 def _mean_std(values):
@@ -150,7 +168,7 @@ def summarize(results):
                      "teacher_latency_ms": _mean_std([r.latency.teacher_ms for r in reports])[0],
                      "seconds_mean": _mean_std([r.timing.stage1_seconds + r.timing.stage2_seconds
                                                 for r in reports])[0],
-                     "seeds": len(reports)})
+                     "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports)})
     return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
             "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe["name"]}
 
@@ -172,6 +190,10 @@ def render(table):
                      f"{cell(row['recovery_mean'], row['recovery_std'], '{:.1f}')} | "
                      f"{cell(row['kl_mean'], None)} | {params} | {cell(row['latency_ms'], None, '{:.1f}')} | "
                      f"{cell(row.get('seconds_mean'), None, '{:.0f}')} | {row['seeds']} |")
+    kept = [f"{row['row']} ({row['stage1_kept']} of {row['seeds']})" for row in table["rows"] if row.get("stage1_kept")]
+    if kept:
+        lines += ["", "Stage 2 kept the stage-1 model (no stage-2 epoch beat it on the dev split) in: "
+                      f"{'; '.join(kept)} seeds."]
     if table.get("missing"):
         lines += ["", f"Not finished, left out: {'; '.join(table['missing'])}."]
     return "\n".join(lines) + "\n"

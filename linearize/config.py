@@ -9,8 +9,9 @@ Derived from these dataclasses, never written again: ``recipes.DEFAULTS`` (:func
 and the stage options of ``linearize distill`` / ``linearize finetune``
 (``cli.config_options``). A new stage setting is one field here.
 
-Every field states its type; :meth:`Config.check` refuses a value of another type in one line
-(``OptionError``), as a method's options do.
+Every field states its type, and a numeric or named one its range (:data:`LIMITS`);
+:meth:`Config.check` refuses a value of another type or out of range in one line (``OptionError``),
+as a method's options do, and :func:`validate_recipe` checks a whole recipe before anything runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attention.feature_maps import check_field_types
+from .attention.feature_maps import OptionError, check_field_types
 
 
 def setting(default, help):
@@ -37,6 +38,48 @@ def restate(config_class, name, default):
     return field(default=default, metadata=config_class.__dataclass_fields__[name].metadata)
 
 
+def _above(low, text):
+    return lambda value: value > low, text
+
+
+def _at_least(low, text):
+    return lambda value: value >= low, text
+
+
+def _fraction(text="in [0, 1)"):
+    return lambda value: 0 <= value < 1, text
+
+
+def _one_of(*names):
+    return lambda value: value in names, " | ".join(names)
+
+
+POSITIVE, NON_NEGATIVE, COUNT = _above(0, "> 0"), _at_least(0, ">= 0"), _at_least(1, ">= 1")
+
+#: The range of every numeric or named setting, by field name (a name means the same thing in
+#: every section that has it); ``None`` always passes where the field's type allows it.
+LIMITS = {
+    "lr": POSITIVE, "epochs": POSITIVE, "max_steps": COUNT, "weight_decay": NON_NEGATIVE,
+    "warmup_ratio": _fraction(), "scheduler": _one_of("cosine", "linear", "constant"),
+    "output_loss_weight": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE, "seed": NON_NEGATIVE,
+    "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
+    "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
+    "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
+    "kd_temperature": POSITIVE, "max_length": COUNT, "position_init": _one_of("tile", "interpolate"),
+    "dev_fraction": _fraction(), "max_train_examples": COUNT, "max_eval_examples": COUNT,
+    "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
+    "latency_repeats": COUNT, "examples": NON_NEGATIVE,
+}
+
+
+def check_limit(name, value, where=""):
+    """``OptionError`` (one line) if the setting ``name`` holds ``value`` outside :data:`LIMITS`."""
+    if name in LIMITS and value is not None and not isinstance(value, bool):
+        fits, text = LIMITS[name]
+        if not fits(value):
+            raise OptionError(f"{where}{name} must be {text}, got {value!r}")
+
+
 class Config:
     """Base of the config dataclasses: ``to_dict``, ``check`` and their fields' help."""
 
@@ -47,8 +90,11 @@ class Config:
         return dataclasses.asdict(self)
 
     def check(self, where=""):
-        """``OptionError`` if a field holds a value of another type than its annotation."""
+        """``OptionError`` if a field holds a value of another type than its annotation, or
+        outside its range (:data:`LIMITS`)."""
         check_field_types(self, where)
+        for item in dataclasses.fields(self):
+            check_limit(item.name, getattr(self, item.name), where)
         return self
 
     @classmethod
@@ -73,6 +119,10 @@ class DistillConfig(Config):
     scheduler: str = setting("cosine", "cosine | linear | constant.")
     output_loss_weight: float = setting(
         0.0, "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off.")
+    negative_weight_penalty: float = setting(
+        100.0, "Weight λ of the penalty on negative student attention weights, λ·mean over query rows of "
+               "Σ_j max(−Â_ij, 0); only maps whose kernel can be negative (Flexformer) get it, for the others the "
+               "term is zero; 0 = off.")
     max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 = off).")
     seed: int = setting(0, "Random seed.")
     checkpoint_every: int = setting(
@@ -112,12 +162,26 @@ class FinetuneConfig(Config):
 @dataclass
 class PositionsConfig(Config):
     """Position extension at conversion (``linearize.convert``, ``linearize convert``): a longer
-    learned position table for BERT-style encoders (``linearize.convert.positions``)."""
+    learned position table for BERT-style encoders (``linearize.convert.positions``), a larger
+    image for vision models (``linearize.convert.resolution``)."""
 
     max_length: int | None = setting(
         None, "Extend the learned position table to this many tokens (default: keep the model's own).")
     position_init: str = setting(
         "tile", "How the new positions start: tile (copy the pretrained table, as Longformer) | interpolate.")
+    image_size: int | None = setting(
+        None, "Vision models (ViT, DeiT, Dinov2, timm ViT): take S×S images, the position grid interpolated "
+              "(default: keep the model's own size).")
+
+
+@dataclass
+class SlidingWindowConfig(Config):
+    """Sliding-window layers at conversion (``linearize.convert``, ``linearize convert``): ModernBERT's
+    local layers (``linearize.attention.windowed``)."""
+
+    convert_sliding_window: bool = setting(
+        False, "Also convert the sliding-window layers (ModernBERT: 2 of every 3) to windowed linear attention; "
+               "by default only global layers are converted and sliding-window layers stay windowed softmax.")
 
 
 # ---- the recipe's sections ------------------------------------------------------------------------
@@ -136,10 +200,14 @@ class DataConfig(Config):
     label_column: str | None = setting(None, "Label column of data files.")
     dev_fraction: float | None = setting(None, "Carve this fraction of train out as the dev (selection) split.")
     seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
-    max_length: int = setting(128, "Truncate text to this many tokens.")
+    max_length: int = setting(
+        128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "
+             "extended to it (position_init) and the tokenizer's limit raised to it.")
     max_train_examples: int | None = setting(None, "Use at most this many training examples.")
     max_eval_examples: int | None = setting(None, "Use at most this many examples of each evaluation split.")
-    image_size: int | None = setting(None, "Image side in pixels (a model trained from scratch has no processor).")
+    image_size: int | None = setting(
+        None, "Image side in pixels: a model trained from scratch needs it (it has no processor); a pretrained "
+              "ViT/DeiT/Dinov2 runs at this size (position grid interpolated, as convert --image-size).")
     image_mean: list[float] | None = setting(None, "Per-channel mean for image normalisation.")
     image_std: list[float] | None = setting(None, "Per-channel std for image normalisation.")
     num_channels: int | None = setting(None, "Image channels (default 3).")
@@ -197,10 +265,14 @@ class RunConfig(Config):
     description: str = setting("", "One line on what the recipe runs.")
     model: Any = setting(None, "Alias, folder or Hub id; or {config: {...}} for a model trained from scratch.")
     head: str = setting("sequence-classification", "The task head loaded on the source model.")
-    task: str | None = setting(None, "A GLUE task, moviereviews, fashion-mnist, imagefolder, files or a Hub data set.")
+    task: str | None = setting(
+        None, "A GLUE task, moviereviews, moviereviews-long, fashion-mnist, imagefolder, files or a Hub data set.")
     method: str = setting("luna", "Attention method (see `linearize methods`).")
     options: dict = setting({}, "Feature-map options; a key naming a method holds that method's own.")
     layers: list[int] | None = setting(None, "Attention layer indices to convert (default all).")
+    position_init: str = setting(
+        "tile", "How the positions past the source model's learned table start when data.max_length exceeds it "
+                "(convert.positions): tile (copy the pretrained table, as Longformer) | interpolate.")
     seed: int = setting(0, "Random seed of every stage.")
     data: DataConfig = setting(DataConfig, "Where the data comes from.")
     teacher: TeacherConfig = setting(TeacherConfig, "The softmax teacher.")
@@ -226,3 +298,27 @@ def stage_config(config_class, values, **fixed):
     other keys, e.g. ``enabled``, are the run's), ``fixed`` winning."""
     names = {f.name for f in dataclasses.fields(config_class)}
     return config_class(**{**{k: v for k, v in values.items() if k in names}, **fixed})
+
+
+def validate_recipe(recipe):
+    """Check a resolved recipe (``recipes.load_recipe``'s dict) before any stage runs: every
+    section's types and ranges, the method, every method's options (typed by its options
+    dataclass, nothing coerced) and the head. ``OptionError`` (one line) naming the key, else
+    the recipe. The task's columns and labels are checked when its data loads, also first."""
+    from .attention.feature_maps import method_settings, methods
+    from .convert.loading import HEADS
+    from .recipes import options_for
+
+    values = {}
+    for name, default in vars(RunConfig()).items():
+        value = recipe.get(name, default)
+        if isinstance(default, Config) and isinstance(value, dict):  # a section: its own fields, checked
+            value = type(default)(**{k: v for k, v in value.items() if k in default.recipe_keys()}).check(f"{name}.")
+        values[name] = value
+    config = RunConfig(**values).check()
+    if config.head not in HEADS:
+        raise OptionError(f"unknown head {config.head!r}; valid heads: {', '.join(HEADS)}")
+    method_settings(config.method, options_for(config.method, config.options))  # the run's own method
+    for name in sorted(set(config.options) & set(methods())):  # a block keyed by another method: that method's
+        method_settings(name, config.options[name])
+    return recipe

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def is_disk_full(error):
+    """``error`` says the disk (or the user's quota) is full: an ``OSError`` ENOSPC / EDQUOT, or
+    safetensors' own error wrapping one."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(error)
+    return type(error).__name__ == "SafetensorError" and ("No space left" in text or "StorageFull" in text)
+
+
+def disk_full_error(path):
+    """The one-line error of a write to ``path`` that failed for want of disk space."""
+    from .errors import LinearizeError
+
+    return LinearizeError(f"no space left on the disk while writing {path} (the partial output was removed); "
+                          "free some space or write to another disk, then run again")
 
 
 def atomic_write_text(path, text):
@@ -22,8 +40,10 @@ def atomic_write_text(path, text):
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(error):
+            raise disk_full_error(path) from None
         raise
 
 
@@ -44,8 +64,10 @@ def atomic_path(path):
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(error):
+            raise disk_full_error(path) from None
         raise
 
 
@@ -53,13 +75,31 @@ def atomic_write_json(path, data):
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def prepare_output_dir(path, overwrite=False):
-    """Refuse an existing non-empty folder unless ``overwrite`` (say how to proceed)."""
+def check_output_path(path):
+    """``path`` (``~`` expanded) if a folder can be made there: refuse a file in the way, or a
+    file where one of its parent folders should be, in one line that says what to do."""
     from .errors import LinearizeError
 
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise LinearizeError(f"output path {path} exists and is not a folder; choose another --out")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise LinearizeError(f"cannot make the output folder {path}: {blocking} is a file, not a folder; "
+                             "choose another --out")
+    return path
+
+
+def prepare_output_dir(path, overwrite=False):
+    """Refuse an existing non-empty folder unless ``overwrite`` (say how to proceed), a path a
+    folder cannot be made at, and the current folder (an output folder is written beside its
+    destination and renamed into place, which cannot replace the folder one is in)."""
+    from .errors import LinearizeError
+
+    path = check_output_path(path)
+    if path.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise LinearizeError(f"--out {path} is the folder you are in (or holds it): the output is written whole "
+                             "and renamed into place, which cannot replace it; name a new folder, e.g. --out model")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise LinearizeError(f"output folder {path} exists and is not empty; pass --overwrite to replace it")
     return path
@@ -67,20 +107,25 @@ def prepare_output_dir(path, overwrite=False):
 
 @contextmanager
 def atomic_dir(path):
-    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole."""
-    path = Path(path)
+    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole. On any
+    failure the temporary folder is removed (a full disk becomes a one-line error)."""
+    path = Path(path).expanduser().resolve()  # ".", "a/.." have no name to put a sibling beside
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-    os.replace(tmp, path)
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.replace(old, path)  # the swap failed half way: the previous folder comes back
+        if is_disk_full(error):
+            raise disk_full_error(path) from None
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

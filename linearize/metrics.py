@@ -23,7 +23,8 @@ IMAGE_METRICS = ("accuracy", "top5_accuracy")
 REGRESSION_METRICS = ("pearson", "spearmanr", "combined")
 _EXTRA_TASKS = {
     "mnli_matched": ("accuracy",), "mnli_mismatched": ("accuracy",), "mnli-mm": ("accuracy",),
-    "moviereviews": ("accuracy",), "text": ("accuracy",), "classification": ("accuracy",),
+    "moviereviews": ("accuracy",), "moviereviews-long": ("accuracy",), "text": ("accuracy",),
+    "classification": ("accuracy",),
     "fashion-mnist": IMAGE_METRICS, "image": IMAGE_METRICS, "regression": REGRESSION_METRICS,
 }
 

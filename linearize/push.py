@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .convert.config_block import decode_block
 from .errors import LinearizeError
+from .model_bench import FOLDER_BENCH_JSON, read_folder_bench
 from .report import Report
 from .report.card import METHOD_NOTES, build_card, source_info  # noqa: F401  (re-exported: the card's parts)
 
@@ -154,10 +155,11 @@ def figure_files(report_dir):
     return {f"{FIGURES}/{p.name}": p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() == ".png"}
 
 
-def model_card(repo_id, config, report=None, figures=(), files=()):
+def model_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     """The README.md text (:func:`linearize.report.card.build_card`; ``report``: a
-    :class:`~linearize.report.Report`, ``report.json``'s content, or None)."""
-    return str(build_card(repo_id, config, report, figures=figures, files=files))
+    :class:`~linearize.report.Report`, ``report.json``'s content, or None; ``speed``: the
+    folder's measured crossover, ``bench.json``, or None)."""
+    return str(build_card(repo_id, config, report, figures=figures, files=files, speed=speed))
 
 
 # ---- the push ------------------------------------------------------------------------------------
@@ -182,8 +184,11 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
         figures = {name: figures[name] for name in order}
         files[REPORT] = report_path
     files.update(figures)
+    speed = read_folder_bench(model_dir)
+    if speed is not None:
+        files[FOLDER_BENCH_JSON] = model_dir / FOLDER_BENCH_JSON
     config = json.loads((model_dir / "config.json").read_text())
-    card = model_card(repo_id, config, report, figures=list(figures), files=list(files))
+    card = model_card(repo_id, config, report, figures=list(figures), files=list(files), speed=speed)
     files[README] = None
     return PushPlan(repo_id=repo_id, revision=revision or "main", private=bool(private), endpoint=hub_endpoint(),
                     model_dir=model_dir, report_path=report_path, card=card,

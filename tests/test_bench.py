@@ -30,6 +30,7 @@ def test_run_bench_writes_json_markdown_and_plot(tmp_path):
     assert data["machine"]["cpu_model"]
     assert [row["seq_len"] for row in data["model"]["rows"]] == [8]  # 128 > max_position_embeddings
     assert set(data["model"]["rows"][0]["results"]) == {"softmax (sdpa)", "softmax (eager)", "luna", "elu"}
+    assert set(data["model"]["crossover"]) == {"luna", "elu"}
     assert result["attention"] == data["attention"]
     markdown = (tmp_path / "out" / "bench.md").read_text()
     assert "| N | sdpa | eager | luna | elu |" in markdown and "Whole model" in markdown

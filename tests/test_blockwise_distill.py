@@ -10,7 +10,7 @@ from linearize.attention import create_feature_map, linear_attention_weights
 from linearize.attention.core import softmax_attention_weights
 from linearize.convert import feature_maps_of
 from linearize.distill import (DistillConfig, attention_cross_entropy, attention_entropy, blockwise_distillation_terms,
-                               distill, output_mse)
+                               distill, negative_weight_mass, output_mse)
 from tiny_models import build, inputs
 
 B, H, N, D = 2, 2, 512, 16
@@ -33,7 +33,7 @@ def _one_shot(q, k, v, fm, mask, query_mask):
         out = teacher @ v
     student = linear_attention_weights(q, k, fm, mask)
     return {"ce": attention_cross_entropy(teacher, student, query_mask),
-            "mse": output_mse(student @ v, out, query_mask),
+            "mse": output_mse(student @ v, out, query_mask), "negative": negative_weight_mass(student, query_mask),
             "teacher_entropy": attention_entropy(teacher, query_mask),
             "student_entropy": attention_entropy(student.detach().clamp_min(0), query_mask), "out": out}
 
@@ -53,11 +53,11 @@ def test_blockwise_loss_and_gradients_equal_the_one_shot_ones(name, opts, block)
     wrt = [q, k] + [p for p in fm.parameters() if p.requires_grad]
     ref = _one_shot(q, k, v, fm, mask, mask)
     got = blockwise_distillation_terms(q, k, v, fm, mask, block_size=block, with_mse=True)
-    for key in ("ce", "mse", "teacher_entropy", "student_entropy"):
+    for key in ("ce", "mse", "negative", "teacher_entropy", "student_entropy"):
         torch.testing.assert_close(getattr(got, key), ref[key], atol=1e-5, rtol=1e-5, msg=key)
     torch.testing.assert_close(got.out, ref["out"], atol=1e-5, rtol=1e-5)
     assert len(wrt) > 2 or name == "cosformer"  # the learnable maps' parameters are compared too
-    for term in ("ce", "mse"):
+    for term in ("ce", "mse", "negative"):
         expected, actual = _grads(ref[term], wrt), _grads(getattr(got, term), wrt)
         for index, (e, a) in enumerate(zip(expected, actual)):
             assert (e is None) == (a is None), (term, index)

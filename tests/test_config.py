@@ -42,14 +42,18 @@ OLD_DEFAULTS = {
 }
 
 
-#: keys added since, with their defaults (issue 19: stage 1 block by block at long lengths)
-NEW_DEFAULTS = {"stage1": {"block_size": 512}}
+#: keys added since, with their defaults (issue 19: stage 1 block by block at long lengths; positions
+#: extended to data.max_length; issue 23: the negative-weight penalty of maps whose kernel can be negative)
+NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0}, "position_init": "tile"}
 
 
 def _with_new_keys(old):
     merged = {key: dict(value) if isinstance(value, dict) else value for key, value in old.items()}
-    for section, keys in NEW_DEFAULTS.items():
-        merged[section].update(keys)
+    for key, value in NEW_DEFAULTS.items():
+        if isinstance(value, dict):
+            merged[key].update(value)
+        else:
+            merged[key] = value
     return merged
 
 

@@ -155,6 +155,16 @@ REMOTE_CHECK = WITHOUT_LINEARIZE + textwrap.dedent("""
 """)
 
 
+def check_without_linearize(jobs, timeout=600):
+    """Run REMOTE_CHECK in a fresh process (linearize blocked) over ``[folder, auto class, inputs
+    file]`` jobs; ``{folder: (class name, max abs difference)}``."""
+    done = subprocess.run([sys.executable, "-c", REMOTE_CHECK, json.dumps(jobs)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+
 def test_trust_remote_code_loads_without_linearize_installed(tmp_path):
     """A fresh Python process, linearize blocked from import, plain transformers: same outputs."""
     jobs = []
@@ -172,10 +182,7 @@ def test_trust_remote_code_loads_without_linearize_installed(tmp_path):
         torch.save((batch, first_output(model, batch)), tmp_path / f"{name}.pt")
         auto = "AutoModelForImageClassification" if arch in VISION else "AutoModelForSequenceClassification"
         jobs.append([str(directory), auto, str(tmp_path / f"{name}.pt")])
-    done = subprocess.run([sys.executable, "-c", REMOTE_CHECK, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = check_without_linearize(jobs)
     for directory, _, _ in jobs:
         name, diff = results[directory]
         assert name.startswith("Linearize")

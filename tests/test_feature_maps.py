@@ -23,7 +23,9 @@ METHOD_MATRIX = [
     ("performer", {"learnable": True}, True),
     ("darkformer", {}, True),
     ("flexformer-s", {}, True),
+    ("flexformer-s", {"learnable_envelope": True, "init_scale": 0.1}, True),  # not in the paper
     ("flexformer-n", {}, True),
+    ("flexformer-n", {"init_scale": 1.0}, True),  # the paper's implied start (the default is smaller)
     ("elu", {}, False),
     ("relu", {}, False),
     ("cosformer", {}, False),
@@ -107,9 +109,9 @@ def test_gradients_reach_every_learnable_parameter(name, opts, expected_learnabl
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", methods())
-def test_low_precision_large_norms_stay_finite(name, dtype):
-    fm = create_feature_map(name, D, H)
+@pytest.mark.parametrize("name,opts", METHOD_CASES + [("softmax", {})], ids=CASE_IDS + ["softmax"])
+def test_low_precision_large_norms_stay_finite(name, opts, dtype):
+    fm = create_feature_map(name, D, H, **opts)
     q, k, v, mask = random_qkv(4)
     q = F.normalize(q, dim=-1) * 30  # norm 30: scores up to 900/√16 = 225
     k = F.normalize(k, dim=-1) * 30
@@ -119,9 +121,9 @@ def test_low_precision_large_norms_stay_finite(name, dtype):
     assert torch.isfinite(weights).all()
 
 
-@pytest.mark.parametrize("name", KERNEL_METHODS)
-def test_large_norms_fp32_linear_matches_quadratic(name):
-    fm = create_feature_map(name, D, H)
+@pytest.mark.parametrize("name,opts", METHOD_CASES, ids=CASE_IDS)
+def test_large_norms_fp32_linear_matches_quadratic(name, opts):
+    fm = create_feature_map(name, D, H, **opts)
     q, k, v, mask = random_qkv(5)
     q, k = F.normalize(q, dim=-1) * 30, F.normalize(k, dim=-1) * 30
     out = linear_attention(q, k, v, fm, mask)
@@ -260,8 +262,10 @@ def test_all_zero_features_give_uniform_attention_not_nan():
 
 def test_kernel_statistics_reports_negative_and_zero_entries():
     q, k, _, mask = random_qkv(12, scale=3.0)
-    flex = kernel_statistics(q, k, make("flexformer-n", {}), mask)
+    flex = kernel_statistics(q, k, make("flexformer-n", {"init_scale": 1.0}), mask)  # the paper's start
     assert 0 < flex["negative_kernel_fraction"] < 1
+    positive_start = kernel_statistics(q, k, make("flexformer-n", {}), mask)  # the default init_scale
+    assert positive_start["negative_kernel_fraction"] < flex["negative_kernel_fraction"]
     relu = kernel_statistics(q, k, make("relu", {}), mask)
     assert relu["negative_kernel_fraction"] == 0
     assert 0.3 < relu["zero_feature_fraction"] < 0.7  # ReLU of a Gaussian: about half
@@ -349,6 +353,43 @@ def test_flexformer_num_frequencies(name):
     assert fm.feature_dim == 10
     shapes = [p.shape for n, p in fm.named_parameters() if n.startswith("omega")]
     assert all(s == (H, 5, D) for s in shapes) and len(shapes) == (1 if name == "flexformer-s" else 2)
+
+
+@pytest.mark.parametrize("scale", [0.1, 0.35, 1.0])
+def test_flexformer_n_init_scale_starts_at_the_stated_kernel(scale):
+    """ω1, ω2 ~ N(0, s²I), τ₀ = log(2/s²): E[φ(q)ᵀφ(k)] = (exp(s²·qᵀk) + 1)/8 (flexformer.py's
+    docstring), checked by Monte Carlo over 20,000 frequency pairs."""
+    torch.manual_seed(0)
+    fm = create_feature_map("flexformer-n", D, 1, init_scale=scale, num_frequencies=20000)
+    assert fm.tau.item() == pytest.approx(math.log(2 / scale**2))
+    assert fm.omega1.std().item() == pytest.approx(scale, rel=0.02)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 1, 6, D, generator=g) * 0.25
+    features, log_scale = fm(x)
+    kernel = (features * log_scale.exp()) @ (features * log_scale.exp()).transpose(-1, -2)
+    expected = ((scale**2 * x @ x.transpose(-1, -2)).exp() + 1) / 8
+    torch.testing.assert_close(kernel, expected, atol=0.01, rtol=0.02)
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0])
+def test_flexformer_s_learnable_envelope_starts_at_the_softmax_kernel(scale):
+    """ω ~ N(0, s²I), envelope exp(‖x‖²/e^τ) with τ₀ = log(2/s²): E[φ(q)ᵀφ(k)] = exp(s²·qᵀk)."""
+    torch.manual_seed(0)
+    fm = create_feature_map("flexformer-s", D, 1, learnable_envelope=True, init_scale=scale, num_frequencies=20000)
+    assert fm.tau.item() == pytest.approx(math.log(2 / scale**2))
+    x = torch.randn(1, 1, 6, D, generator=torch.Generator().manual_seed(1)) * 0.25
+    features, log_scale = fm(x)
+    kernel = (features * log_scale.exp()) @ (features * log_scale.exp()).transpose(-1, -2)
+    torch.testing.assert_close(kernel, (scale**2 * x @ x.transpose(-1, -2)).exp(), atol=0.03, rtol=0.03)
+    paper = create_feature_map("flexformer-s", D, H)
+    assert not hasattr(paper, "tau") and paper.options == {"num_frequencies": None, "learnable_envelope": False,
+                                                            "init_scale": 1.0}
+
+
+@pytest.mark.parametrize("name", ["flexformer-s", "flexformer-n"])
+def test_flexformer_init_scale_must_be_positive(name):
+    with pytest.raises(ValueError, match="init_scale must be > 0"):
+        create_feature_map(name, D, H, init_scale=0.0)
 
 
 def test_unknown_method_or_option_lists_valid_names():

@@ -63,12 +63,13 @@ def first_output(model, batch):
         return model(**batch)[0]
 
 
-def save_tiny_text_classifier(directory, tokenizer_path, seed=0):
-    """A tiny random BERT classifier with the real MiniLM tokenizer (its vocabulary), saved as a folder."""
+def save_tiny_text_classifier(directory, tokenizer_path, seed=0, **config):
+    """A tiny random BERT classifier with the real MiniLM tokenizer (its vocabulary), saved as a
+    folder; ``config``: more ``BertConfig`` settings (e.g. ``hidden_dropout_prob=0.0``)."""
     tokenizer = T.AutoTokenizer.from_pretrained(tokenizer_path)
     torch.manual_seed(seed)
     config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, initializer_range=0.2)
+                          intermediate_size=64, initializer_range=0.2, **config)
     T.BertForSequenceClassification(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

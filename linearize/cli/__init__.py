@@ -35,8 +35,8 @@ LayersOpt = Annotated[Optional[str], typer.Option(
     "--layers", help="Comma-separated attention layer indices to convert (default: all; others stay softmax).")]
 OptionOpt = Annotated[Optional[list[str]], typer.Option(
     "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
-TaskOpt = Annotated[str, typer.Option("--task", help="A GLUE task (sst2, mrpc, ...), moviereviews, fashion-mnist, "
-                                                     "imagefolder, files, or a Hub data set id.")]
+TaskOpt = Annotated[str, typer.Option("--task", help="A GLUE task (sst2, mrpc, ...), moviereviews, moviereviews-long, "
+                                                     "fashion-mnist, imagefolder, files, or a Hub data set id.")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Local data: GLUE's own layout, an image "
                                                                       "folder, or Fashion-MNIST IDX files.")]
 TrainFileOpt = Annotated[Optional[Path], typer.Option("--train-file", help="CSV/TSV/JSON(L) training file.")]
@@ -53,6 +53,15 @@ NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer u
 @app.callback()
 def root():
     """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
+    from ..training import is_main_process
+
+    if not is_main_process():  # under torchrun / accelerate launch only the main process reports
+        import datasets
+        import transformers
+
+        console.quiet = True
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
 
 
 #: OSErrors that name a path the user gave (a missing input, an output in the way, no permission)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..config import PositionsConfig
+from ..config import PositionsConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
 from . import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
@@ -48,6 +48,7 @@ def methods_command(
 @app.command("convert")
 @friendly_errors
 @config_options(PositionsConfig, into="positions")
+@config_options(SlidingWindowConfig, into="sliding")
 def convert_command(
     model: Annotated[str, typer.Argument(help="A local model folder, a Hub id, or an alias (bert-base, roberta-base, "
                                               "vit-base, minilm).")],
@@ -63,33 +64,41 @@ def convert_command(
              "token-classification, masked-lm, image-classification.")] = None,
     num_labels: Annotated[Optional[int], typer.Option(help="Number of labels of a new classification head.")] = None,
     positions: PositionsConfig = None,
+    sliding: SlidingWindowConfig = None,
 ):
     """Convert a pretrained encoder's softmax attention to linear attention and save it.
 
     Example: linearize convert minilm --method luna --out runs/minilm-luna
     Longer inputs: linearize convert minilm --method hedgehog --max-length 4096 --out runs/minilm-hh-4k
+    Larger images: linearize convert vit-base --method hedgehog --image-size 384 --out runs/vit-hh-384
+    ModernBERT's local layers too: linearize convert MODEL --method hedgehog --convert-sliding-window --out DIR
     """
     from ..convert import convert_checkpoint
 
     info = convert_checkpoint(model, method, out, layers=parse_layers(layers), options=parse_options(option),
                               overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels,
-                              **positions.to_dict())
+                              **positions.to_dict(), **sliding.to_dict())
     print_summary(info)
 
 
 @app.command("info")
 @friendly_errors
 def info_command(directory: Annotated[Path, typer.Argument(help="A converted model folder.")]):
-    """Show what a converted model is: method, options, converted layers, parameter overhead.
+    """Show what a converted model is: method, options, converted layers, parameter overhead, and
+    the crossover against softmax `linearize bench --model DIR` measured (with the machine).
 
     Example: linearize info runs/minilm-luna
     """
     from ..convert import summary
+    from ..model_bench import folder_speed_lines, read_folder_bench
 
-    print_summary(summary(directory))
+    info = summary(directory)
+    speed = read_folder_bench(directory)
+    print_summary(info, speed=folder_speed_lines(speed) if speed else None)
 
 
-def print_summary(info):
+def print_summary(info, speed=None):
+    """The summary table; ``speed``: ``{row name: text}`` of a measured crossover, else a hint."""
     table = Table(show_header=False, title=f"linearize model: {info['directory']}")
     layers = info["layers"]
     total = info["num_attention_layers"]
@@ -102,8 +111,17 @@ def print_summary(info):
         ("parameters added", f"{info['parameters_added']:,} ({info['parameters_added_percent']:.3f}% of "
                              f"{info['parameters_base']:,})"),
     ]
+    local = [index for index in info.get("sliding_window_layers") or [] if index not in layers]
+    if local:
+        rows.append(("sliding-window layers", f"{local} stay windowed softmax"))
     if info.get("max_length"):
         rows.append(("positions", f"{info['max_length']:,} tokens ({info['position_init']})"))
+    if info.get("image_size"):
+        rows.append(("image size", f"{info['image_size']}×{info['image_size']} pixels"))
+    if speed is not None:
+        rows += list(speed.items())
+    else:
+        rows.append(("crossover", f"not measured: run `linearize bench --model {info['directory']}`"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

@@ -23,8 +23,9 @@ def _report(result, json_path):
     print_scores(result["scores"], f"{result['task']} ({'converted' if result['converted'] else 'softmax'} model)")
     if json_path is not None:
         from ..io import atomic_write_json
+        from ..training import on_main_process
 
-        atomic_write_json(json_path, result)
+        on_main_process(atomic_write_json, json_path, result)
 
 
 @eval_app.command("glue")

@@ -18,8 +18,8 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 @friendly_errors
 def run_command(
     recipe: Annotated[Optional[str], typer.Argument(
-        help="A built-in recipe (minilm-moviereviews, vit-fashionmnist, bert-base-glue, roberta-base-glue, "
-             "vit-base-imagenet) or a YAML file. Default: minilm-moviereviews.")] = None,
+        help="A built-in recipe (minilm-moviereviews, minilm-longreviews, vit-fashionmnist, bert-base-glue, "
+             "roberta-base-glue, vit-base-imagenet) or a YAML file. Default: minilm-moviereviews.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Run folder (default runs/<recipe>-<method>).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Override the recipe's method.")] = None,
     task: Annotated[Optional[str], typer.Option("--task", help="Override the recipe's task.")] = None,

@@ -22,6 +22,10 @@ ResumeOpt = Annotated[bool, typer.Option(
                                  "interrupted run from its last checkpoint, with the same result as an uninterrupted "
                                  "run; --no-resume deletes them and starts afresh.")]
 
+KeepWorkOpt = Annotated[bool, typer.Option(
+    "--keep-work", help="Keep <out>.work (resume checkpoints, best weights) after success; by default it is "
+                        "deleted and its metrics.jsonl moves into --out.")]
+
 
 @app.command("distill")
 @friendly_errors
@@ -34,6 +38,7 @@ def distill_command(
     layers: LayersOpt = None,
     option: OptionOpt = None,
     resume: ResumeOpt = True,
+    keep_work: KeepWorkOpt = False,
     data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
     label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
@@ -51,7 +56,7 @@ def distill_command(
     result = distill_model(model, task, out, method=method, options=parse_options(option),
                            layers=parse_layers(layers), config=stage_config(DistillConfig, config.to_dict()),
                            batch_size=config.batch_size, eval_batches=config.eval_batches, data=data,
-                           overwrite=overwrite, resume=resume, log=console.print)
+                           overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")
@@ -75,6 +80,7 @@ def finetune_command(
     recipe: Annotated[str, typer.Option(help="Defaults: glue (LUNA: batch 8, lr 1e-5, 10 epochs, patience 3) or "
                                              "vit (cosine, warmup, weight decay 0.05).")] = "glue",
     resume: ResumeOpt = True,
+    keep_work: KeepWorkOpt = False,
     teacher: Annotated[Optional[str], typer.Option(
         help="The softmax teacher (folder or checkpoint with the task's head) for --kd-weight.")] = None,
     head: Annotated[Optional[str], typer.Option(help="Task head for an unconverted checkpoint.")] = None,
@@ -96,6 +102,7 @@ def finetune_command(
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)
     result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
-                            resume=resume, teacher=teacher, log=console.print)
-    print_scores(result["scores"], f"best checkpoint (epoch {result['best_epoch']}) on {task}")
+                            resume=resume, teacher=teacher, keep_work=keep_work, log=console.print)
+    kept = ": the stage-1 model as given, no epoch beat it on dev" if result["best_epoch"] == 0 else ""
+    print_scores(result["scores"], f"best checkpoint (epoch {result['best_epoch']}{kept}) on {task}")
     console.print(f"saved to {out}")

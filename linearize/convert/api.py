@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
+
 from ..attention.feature_maps import check_method_options
+from ..config import SlidingWindowConfig
 from ..errors import LinearizeError
-from . import positions
+from . import positions, resolution
 from .backends import backend_for, backend_for_block, hf_attention
 from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
 from .loading import check_loading_info, read_linearize_block  # noqa: F401  (public names)
@@ -38,6 +41,22 @@ def _check_layers(layers, count):
     return layers
 
 
+def _choose_layers(layers, count, sliding, convert_sliding_window):
+    """The layers to convert: ``layers`` (default all) without the sliding-window ones unless
+    ``convert_sliding_window``; naming a sliding-window layer without it is an error, so a local layer is
+    never converted by accident (it would stay local, but no longer softmax)."""
+    chosen = _check_layers(layers, count)
+    if convert_sliding_window:
+        return chosen
+    if layers is None:
+        return [index for index in chosen if index not in sliding]
+    local = sorted(set(chosen) & set(sliding))
+    if local:
+        raise LinearizeError(f"layers {local} attend through a sliding window: pass convert_sliding_window=True "
+                             "(--convert-sliding-window) to make them windowed linear attention, or leave them out")
+    return chosen
+
+
 def _unsupported(model):
     kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     return LinearizeError(f"unsupported architecture {kind!r}; supported: {', '.join(SUPPORTED)}")
@@ -56,13 +75,27 @@ def is_converted(model):
     return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
 
 
-def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, **options):
+def check_convertible(model, method, *, layers=None, **options):
+    """A one-line ``LinearizeError`` unless ``model`` can be converted to ``method`` with these
+    ``layers`` and ``options``: checked before a long stage (a teacher's fine-tuning) runs."""
+    check_method_options(method, options)
+    if is_converted(model):
+        raise LinearizeError("this model is already converted; start from its softmax source")
+    _check_layers(layers, len(attention_modules(model)))
+
+
+def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, image_size=None,
+            convert_sliding_window=None, **options):
     """Replace softmax self-attention by ``method`` in place and return the model.
 
-    ``layers``: indices of the attention layers to convert (default all); the others stay
-    softmax. ``options``: the method's options (``linearize.method_options(method)``).
+    ``layers``: indices of the attention layers to convert (default all but sliding-window layers);
+    the others stay softmax. ``convert_sliding_window`` (``config.SlidingWindowConfig``): also convert
+    sliding-window layers (ModernBERT's local layers), to windowed linear attention (a local layer
+    never becomes global). ``options``: the method's options (``linearize.method_options(method)``).
     ``max_length`` / ``position_init`` (``config.PositionsConfig``): extend a learned position
     table to ``max_length`` tokens, tiled (default) or interpolated (``convert.positions``).
+    ``image_size`` (``config.PositionsConfig``): make a vision model take S×S images, its position
+    grid interpolated as in the ViT paper, §3.2 (``convert.resolution``).
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers.
     """
@@ -71,17 +104,26 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     backend = backend_for(model)
     if is_converted(model):
         raise LinearizeError("this model is already converted; call linearize.revert(model) first to convert again")
-    chosen = _check_layers(layers, len(modules))
+    if convert_sliding_window is None:
+        convert_sliding_window = SlidingWindowConfig().convert_sliding_window
+    sliding = backend.sliding_window_layers(model)
+    chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
+    image_size = resolution.check_image_size(model, image_size)
     before = sum(p.numel() for p in model.parameters())
     block = {"format_version": FORMAT_VERSION, "linearize_version": _version(), "method": method,
              "options": dict(options), "layers": chosen, "num_attention_layers": len(modules)}
+    if sliding:
+        block["sliding_window_layers"] = sliding
     block.update(backend.record(model, source))
     backend.attach(model, method, chosen, options, block)
     block["parameters_added"] = int(sum(p.numel() for p in model.parameters()) - before)
     if max_length is not None:  # after attach: the model owns its config now
         positions.extend_positions(model, max_length, position_init)
         block.update(max_length=max_length, position_init=position_init)
+    if image_size is not None:
+        resolution.resize_image_positions(model, image_size)
+        block["image_size"] = image_size
     block["parameters_base"] = int(sum(p.numel() for p in model.parameters()) - block["parameters_added"])
     return model
 
@@ -118,9 +160,14 @@ def load(directory, **kwargs):
 
     A saved weight the model does not use, or a weight the folder lacks, is an error (never a
     silent re-initialisation); ``output_loading_info=True`` also returns transformers' load report."""
+    from .loading import error_summary
+
     directory = Path(directory)
     data, block = read_linearize_block(directory)
-    return backend_for_block(block).load(directory, data, block, **kwargs)
+    try:
+        return backend_for_block(block).load(directory, data, block, **kwargs)
+    except StrictDataclassError as error:  # a config.json field of the wrong type
+        raise LinearizeError(f"could not load {directory}: {error_summary(error)}; fix its config.json") from None
 
 
 def parameter_overhead(model):
@@ -131,9 +178,10 @@ def parameter_overhead(model):
     return added, block.get("parameters_base", total - added)
 # ---- checkpoints on disk (what the CLI calls) -----------------------------------------------------
 
-def save_processors(source, directory, model_max_length=None):
+def save_processors(source, directory, model_max_length=None, image_size=None):
     """Copy the source checkpoint's tokenizer or image processor into ``directory`` (if any);
-    ``model_max_length`` sets the tokenizer's limit (a model whose positions were extended)."""
+    ``model_max_length`` sets the tokenizer's limit (a model whose positions were extended),
+    ``image_size`` the image processor's resize and crop (``resolution.processor_at_size``)."""
     import transformers
 
     saved = []
@@ -144,19 +192,23 @@ def save_processors(source, directory, model_max_length=None):
             continue
         if model_max_length is not None and hasattr(processor, "model_max_length"):
             processor.model_max_length = int(model_max_length)
+        if image_size is not None and auto is transformers.AutoImageProcessor:
+            processor = resolution.processor_at_size(processor, image_size)
         processor.save_pretrained(directory)
         saved.append(type(processor).__name__)
     return saved
 
 
 def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
-                       allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None):
+                       allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None,
+                       image_size=None, convert_sliding_window=None):
     """Load ``model_name`` (folder, Hub id or alias), convert it and save it to ``out``.
 
     ``head`` (``linearize.convert.loading.HEADS``) picks the task head to load instead of the
     checkpoint's own architecture (a new head is randomly initialised, ``num_labels`` outputs).
     ``max_length`` / ``position_init``: extend the position table (``convert``); the saved
-    tokenizer's ``model_max_length`` follows.
+    tokenizer's ``model_max_length`` follows. ``image_size``: convert for S×S images; the saved
+    image processor follows. ``convert_sliding_window``: as ``convert``.
     The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
     prints).
     """
@@ -167,15 +219,31 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     check_method_options(method, options)
     if out is None:
         raise LinearizeError("pass --out DIR: the folder to write the converted model to")
-    prepare_output_dir(out, overwrite=overwrite)
+    if num_labels is not None and num_labels < 1:
+        raise LinearizeError(f"--num-labels {num_labels}: a head needs at least 1 output (2 or more classes; "
+                             "1 for regression)")
+    out = prepare_output_dir(out, overwrite=overwrite)
     extra = {} if num_labels is None else {"num_labels": int(num_labels)}
     model = load_source_model(model_name, allow_pickle=allow_pickle, head=head, **extra)
+    if num_labels is not None and not _has_labels_head(model):
+        raise LinearizeError(f"--num-labels sizes a classification head, but {model_name} loads as "
+                             f"{type(model).__name__}, which has none; add --head sequence-classification "
+                             "(or image-classification, token-classification)")
     convert(model, method, layers=layers, source=model_name, max_length=max_length, position_init=position_init,
-            **options)
+            image_size=image_size, convert_sliding_window=convert_sliding_window, **options)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
-        save_processors(resolve_model_name(model_name), tmp, model_max_length=max_length)
+        save_processors(resolve_model_name(model_name), tmp, model_max_length=max_length, image_size=image_size)
     return summary(out)
+
+
+def _has_labels_head(model):
+    """The model's head has ``num_labels`` outputs (a classification head)."""
+    from .heads import head_for_class
+
+    head = head_for_class(type(model).__name__)
+    return head is not None and head.pipeline_tag in ("text-classification", "token-classification",
+                                                      "image-classification")
 
 
 def summary(directory):
@@ -198,4 +266,6 @@ def summary(directory):
         "linearize_version": block.get("linearize_version"),
         "max_length": block.get("max_length"),
         "position_init": block.get("position_init"),
+        "image_size": block.get("image_size"),
+        "sliding_window_layers": block.get("sliding_window_layers", []),
     }

@@ -94,6 +94,35 @@ def model_class_for(config, head=None):
     return transformers.AutoModel
 
 
+def config_errors():
+    """The exceptions transformers raises for a config.json it cannot use (a field of the wrong
+    type is a strict-dataclass validation error in transformers 5)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    return (OSError, ValueError, RuntimeError, StrictDataclassError)
+
+
+def error_summary(error):
+    """An exception's message as one line: a validation error's lines joined, else its first line."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return " ".join(lines) if isinstance(error, StrictDataclassError) else lines[0]
+
+
+def check_not_converted(path):
+    """A source model must be softmax: a folder linearize already converted is refused in one line
+    (loading it as a plain checkpoint would ask to run its remote code)."""
+    try:
+        block = decode_block(json.loads((Path(path) / "config.json").read_text()).get("linearize"))
+    except (OSError, ValueError, AttributeError):
+        return
+    if block:
+        raise LinearizeError(f"{path} is already converted to linear attention ({block.get('method')}, from "
+                             f"{block.get('source')}): start from its softmax source instead, or use it as it is "
+                             f"(see `linearize info {path}`)")
+
+
 def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
     """Load a pretrained (softmax) model by folder, Hub id or alias; errors are one line."""
     import transformers
@@ -104,6 +133,7 @@ def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
     if local:
         if not (path / "config.json").is_file():
             raise LinearizeError(f"{path} has no config.json: not a Hugging Face model folder")
+        check_not_converted(path)
         check_weights(path, allow_pickle=allow_pickle)
     elif path.exists() or resolved.startswith((".", "/")) or resolved.count("/") > 1:
         raise LinearizeError(f"{name} is neither a model folder nor a Hub id (like google-bert/bert-base-uncased)")
@@ -113,12 +143,12 @@ def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
         config = transformers.AutoConfig.from_pretrained(resolved)
         cls = model_class_for(config, head)
         model = cls.from_pretrained(resolved, use_safetensors=None if allow_pickle else True, **kwargs)
-    except (OSError, ValueError, RuntimeError) as error:
+    except config_errors() as error:
         if local:
-            raise LinearizeError(f"could not load {path}: {str(error).splitlines()[0]}") from None
+            raise LinearizeError(f"could not load {path}: {error_summary(error)}") from None
         raise LinearizeError(
             f"{name} is not a local folder and could not be fetched from the Hugging Face Hub "
-            f"({str(error).splitlines()[0]}); check the id, or whether the Hub is reachable from this "
+            f"({error_summary(error)}); check the id, or whether the Hub is reachable from this "
             "machine (offline: pass a local folder)") from None
     model.config._name_or_path = name if not local else str(path)
     return model

@@ -27,6 +27,11 @@ those first rows are kept as they are and only the real positions are tiled or i
 The ``position_ids`` / ``token_type_ids`` buffers grow with the table and
 ``config.max_position_embeddings`` is set, so a saved model reloads at length N (with linearize or
 with plain transformers and ``trust_remote_code``).
+
+Models with rotary positions (RoPE: ModernBERT, GTE, NomicBERT, EuroBERT, Jina-embeddings-v3) have no
+table: their positions are computed for any length, and they were trained up to
+``config.max_position_embeddings`` (ModernBERT: 8,192). For them ``max_length`` ≤ that is a no-op
+(recorded, and the saved tokenizer's limit follows); a longer one is an error.
 """
 
 from __future__ import annotations
@@ -71,8 +76,41 @@ def position_table(model):
             offset = 0 if table.padding_idx is None else table.padding_idx + 1
             return module, offset
     kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    hint = "; for a vision model pass --image-size / image_size instead" if _is_vision(model) else ""
     raise LinearizeError(f"{kind!r} has no learned absolute position table to extend; --max-length / max_length "
-                         f"applies to {LEARNED_POSITION_MODELS}")
+                         f"applies to {LEARNED_POSITION_MODELS}{hint}")
+
+
+def _is_vision(model):
+    """A model that takes images (a transformers config with an ``image_size``, or a timm model)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "image_size", None) is not None if config is not None else hasattr(model, "patch_embed")
+
+
+def rotary_limit(model):
+    """``config.max_position_embeddings`` of a model with rotary positions (a ``*RotaryEmbedding``
+    module and no learned table), or None."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is None or not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+        return None
+    return int(limit)
+
+
+def _check_rotary_length(model, limit, max_length, position_init):
+    """``check_max_length`` for a rotary model: ``(max_length, None)`` (nothing to extend)."""
+    kind = model.config.model_type
+    if position_init not in (None, PositionsConfig().position_init):
+        raise LinearizeError(f"position_init={position_init!r} applies to learned position tables; {kind!r} has "
+                             "rotary positions: leave position_init out")
+    if max_length is None:
+        return None, None
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
+        raise LinearizeError(f"max_length must be a positive number of tokens (≤ the model's {limit}), got "
+                             f"{max_length!r}")
+    if max_length > limit:
+        raise LinearizeError(f"{kind!r} has rotary positions trained up to {limit} tokens and nothing to extend: "
+                             f"pass max_length ≤ {limit} (a no-op), or leave it out")
+    return max_length, None
 
 
 def max_positions(model):
@@ -84,7 +122,11 @@ def max_positions(model):
 def check_max_length(model, max_length, position_init=None):
     """The chosen ``(max_length, position_init)`` or a one-line LinearizeError saying what fits.
 
-    ``max_length`` None means no extension; ``position_init`` None the default (``tile``)."""
+    ``max_length`` None means no extension; ``position_init`` None the default (``tile``). A rotary
+    model (``rotary_limit``) gives ``(max_length, None)``: nothing to extend."""
+    limit = rotary_limit(model)
+    if limit is not None:
+        return _check_rotary_length(model, limit, max_length, position_init)
     default = PositionsConfig().position_init
     if max_length is None:
         if position_init not in (None, default):
@@ -115,7 +157,7 @@ def extend_positions(model, max_length, position_init=None):
     papers). Rows before the first real position (RoBERTa's padding offset) are kept; the
     per-position buffers and ``config.max_position_embeddings`` follow."""
     max_length, position_init = check_max_length(model, max_length, position_init)
-    if max_length is None:
+    if max_length is None or position_init is None:  # nothing asked, or rotary positions: nothing to extend
         return model
     module, offset = position_table(model)
     old = module.position_embeddings

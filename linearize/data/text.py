@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from pathlib import Path
 
 from ..errors import LinearizeError
@@ -29,16 +30,23 @@ def read_table(path) -> tuple[list[str], dict[str, list]]:
     if suffix not in FORMATS:
         raise LinearizeError(f"cannot read {path}: unsupported file type {suffix or '(none)'}; "
                              f"use one of {', '.join(FORMATS)}")
-    if suffix in (".csv", ".tsv"):
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-            records = list(reader)
-            names = list(reader.fieldnames or [])
-    else:
-        records = _read_json_records(path, lines=suffix == ".jsonl")
-        names = []
-        for record in records:
-            names.extend(key for key in record if key not in names)
+    try:
+        if suffix in (".csv", ".tsv"):
+            csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long document is one cell (default 128 kB)
+            with open(path, encoding="utf-8-sig", newline="") as handle:
+                reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+                records = list(reader)
+                names = list(reader.fieldnames or [])
+        else:
+            records = _read_json_records(path, lines=suffix == ".jsonl")
+            names = []
+            for record in records:
+                names.extend(key for key in record if key not in names)
+    except UnicodeDecodeError as error:
+        raise LinearizeError(f"{path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                             f"{error.start}); re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    except csv.Error as error:
+        raise LinearizeError(f"{path} is not a valid {suffix[1:].upper()} file ({error}); fix the file") from None
     columns = {name: [record.get(name) for record in records] for name in names}
     return names, columns
 
@@ -109,6 +117,9 @@ def load_text_files(train_file, validation_file=None, test_file=None, text_colum
         if path is None:
             continue
         names, columns = read_table(path)
+        if not any(len(values) for values in columns.values()):
+            raise LinearizeError(f"{split} file {path} has no records (a header at most); it needs at least one "
+                                 "example")
         _check_column(f"{split} file {path}", names, text_column, "--text-column")
         if text_pair_column:
             _check_column(f"{split} file {path}", names, text_pair_column, "--text-pair-column")
@@ -128,6 +139,9 @@ def _build(tables, text_keys, label_column, is_regression):
 
     train_path, train_columns = tables["train"]
     label_names = [] if is_regression else label_vocabulary(train_columns[label_column])
+    if not is_regression and len(label_names) < 2:
+        raise LinearizeError(f"train data {train_path} has one class only ({', '.join(label_names)}) in column "
+                             f"{label_column!r}: a classifier needs at least two; check the file or --label-column")
     index = {name: i for i, name in enumerate(label_names)}
     label_feature = Value("float32") if is_regression else ClassLabel(names=label_names)
     features = Features({**{key: Value("string") for key in text_keys}, "label": label_feature})

@@ -12,9 +12,10 @@ blocks of query rows exactly: each block of ``b`` rows forms its ``b×N`` teache
 rows, adds its weighted row sums, and is freed. In training every block runs under
 ``torch.utils.checkpoint``, which keeps only the block's inputs and recomputes its rows in
 backward, so the memory beyond the O(N·D) features is O(b·N), never O(N²). The row entropies
-that are logged (for the KL = CE − H(A)) and the optional output MSE (LoLCATs, Zhang et al. 2025,
-§3.1) are row sums too and are taken in the same pass; so is the exact softmax output that feeds
-the next layer.
+that are logged (for the KL = CE − H(A)), the optional output MSE (LoLCATs, Zhang et al. 2025,
+§3.1) and the negative-weight mass Σ_j max(−Â_ij, 0) (the penalty of :mod:`linearize.distill.losses`)
+are row sums too and are taken in the same pass; so is the exact softmax output that feeds the
+next layer.
 
 The features φ(Q) and φ(K) are computed once, for the whole sequence
 (:func:`linearize.attention.core.feature_maps`), so a map whose features depend on the whole
@@ -30,20 +31,22 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..attention.core import DEFAULT_EPS, feature_maps, normalised_kernel_rows, softmax_attention_weights
-from .losses import row_cross_entropy, row_entropy, row_squared_error
+from .losses import row_cross_entropy, row_entropy, row_negative_mass, row_squared_error
 
 
 @dataclass
 class BlockwiseTerms:
     """The stage-1 terms of one layer, averaged over heads and real query rows as the one-shot
-    losses are: ``ce`` and ``mse`` (None unless asked for) carry gradients to the feature maps;
-    the entropies are statistics; ``out`` is the exact softmax attention output ``[B,H,N,d]``."""
+    losses are: ``ce``, ``mse`` (None unless asked for) and ``negative`` (the negative-weight mass
+    P) carry gradients to the feature maps; the entropies are statistics; ``out`` is the exact
+    softmax attention output ``[B,H,N,d]``."""
 
     ce: torch.Tensor
     mse: torch.Tensor | None
     teacher_entropy: torch.Tensor
     student_entropy: torch.Tensor
     out: torch.Tensor
+    negative: torch.Tensor
 
 
 def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, scale=None, block_size=512,
@@ -52,8 +55,8 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
 
     ``q, k, v``: ``[B,H,N,d]``; the teacher rows take no gradient (they are the target). Equal to
     ``attention_cross_entropy(softmax_attention_weights(...), linear_attention_weights(...),
-    query_mask)`` (and the entropies, the output MSE) up to float rounding, and so are the
-    gradients with respect to ``q``, ``k`` and the feature map's parameters.
+    query_mask)`` (and the entropies, the output MSE, ``negative_weight_mass``) up to float rounding,
+    and so are the gradients with respect to ``q``, ``k`` and the feature map's parameters.
     """
     heads, seq_q, seq_k = q.shape[1], q.shape[2], k.shape[2]
     block = max(1, int(block_size))
@@ -61,7 +64,7 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
     # the query rows' weights: the keys' mask for self-attention, else every row (as _row_mean)
     rows = mask if seq_q == seq_k and key_padding_mask is not None else torch.ones(q.shape[0], seq_q, device=q.device)
     grad = torch.is_grad_enabled() and (phi_q.requires_grad or phi_k.requires_grad)
-    sums = [0.0, 0.0, 0.0, 0.0]  # ce, mse, teacher entropy, student entropy (weighted row sums)
+    sums = [0.0] * 5  # ce, mse, negative mass, teacher entropy, student entropy (weighted row sums)
     out = torch.empty(*v.shape[:2], seq_q, v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, seq_q, block):
         stop = min(start + block, seq_q)
@@ -74,12 +77,12 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
         sums = [total + part for total, part in zip(sums, parts)]
         out[:, :, start:stop] = out_block
     count = (rows.sum() * heads).clamp_min(1.0)
-    ce, mse, h_teacher, h_student = (total / count for total in sums)
-    return BlockwiseTerms(ce, mse if with_mse else None, h_teacher, h_student, out)
+    ce, mse, negative, h_teacher, h_student = (total / count for total in sums)
+    return BlockwiseTerms(ce, mse if with_mse else None, h_teacher, h_student, out, negative)
 
 
 def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, eps, with_mse):
-    """One block's weighted row sums ``(ce, mse, H(A), H(Â))`` and its exact softmax output; the
+    """One block's weighted row sums ``(ce, mse, negative mass, H(A), H(Â))`` and its exact softmax output; the
     teacher rows, the output and the entropies are computed without autograd."""
     weights = rows[:, None, :]  # [B,1,b]: 1 for a real query row
     with torch.no_grad():
@@ -88,7 +91,8 @@ def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, e
     student = normalised_kernel_rows(phi_q, phi_k, mask, eps)
     ce = (row_cross_entropy(teacher, student) * weights).sum()
     mse = (row_squared_error(student @ v.detach().float(), out) * weights).sum() if with_mse else ce.new_zeros(())
+    negative = (row_negative_mass(student) * weights).sum()
     with torch.no_grad():
         h_teacher = (row_entropy(teacher) * weights).sum()
         h_student = (row_entropy(student.detach().clamp_min(0)) * weights).sum()
-    return ce, mse, h_teacher, h_student, out
+    return ce, mse, negative, h_teacher, h_student, out

@@ -8,6 +8,15 @@ Per layer and head, with teacher rows ``A_i = softmax(q_iᵀK·scale + mask)`` a
 
 averaged over real (non-padded) query rows and heads. The log is clamped at 1e-12 so a zero or
 negative student weight (Flexformer's trigonometric kernels) never gives inf.
+
+A clamped weight gets no gradient from the CE, so for a map whose kernel can be negative
+(``FeatureMap.nonnegative`` False: Flexformer) stage 1 adds a penalty on the negative weights,
+
+    P = mean over real query rows (and heads) of Σ_j max(−Â_ij, 0),
+
+weighted by ``DistillConfig.negative_weight_penalty`` (λ): loss = CE + λ·P. Flexformer's own
+loss (Appendix A.3) is the plain CE and is undefined where a weight is negative; P is linearize's
+(docs/experiments/flexformer-probe/RESULTS.md). For a non-negative map P is exactly zero.
 """
 
 from __future__ import annotations
@@ -28,6 +37,16 @@ def _row_mean(values, query_mask):
 def row_cross_entropy(teacher, student):
     """Per-row CE ``−Σ_j A_ij log Â_ij`` ``[B,H,Nq]`` of rows ``[B,H,Nq,Nk]``."""
     return -(teacher * student.clamp_min(LOG_FLOOR).log()).sum(-1)
+
+
+def row_negative_mass(student):
+    """Per-row negative mass ``Σ_j max(−Â_ij, 0)`` ``[B,H,Nq]`` of rows ``[B,H,Nq,Nk]``."""
+    return torch.relu(-student).sum(-1)
+
+
+def negative_weight_mass(student, query_mask=None):
+    """The negative-weight penalty P: the mean of ``Σ_j max(−Â_ij, 0)`` over real query rows."""
+    return _row_mean(row_negative_mass(student), query_mask)
 
 
 def row_entropy(weights):

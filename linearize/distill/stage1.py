@@ -1,7 +1,9 @@
 """Stage 1: attention-weight distillation (Hedgehog §4.1; LUNA §10.2; Flexformer Appendix A.3).
 
 Every pretrained weight is frozen; only the feature maps train, on the cross-entropy between
-the frozen softmax attention rows and the student's normalised kernel rows. Teacher and
+the frozen softmax attention rows and the student's normalised kernel rows (plus, for a map
+whose kernel can be negative, the negative-weight penalty of :mod:`linearize.distill.losses`,
+weighted by ``DistillConfig.negative_weight_penalty``). Teacher and
 student come from ONE forward pass of the converted model: while distillation runs, each
 converted layer's ``attend`` is taken over by :class:`DistillRecorder`, which returns the exact
 softmax output (so every layer is distilled on the teacher's inputs) and only uses the kernel
@@ -28,19 +30,25 @@ import torch
 from ..attention.core import linear_attention_weights, softmax_attention_weights
 from ..config import DistillConfig  # the stage-1 settings live in linearize.config
 from ..convert.api import feature_maps_of
-from ..training import Trainer, atomic_torch_save, clear_checkpoint, make_accelerator
+from ..training import (Trainer, atomic_torch_save, check_process_count, clear_checkpoint, make_accelerator,
+                        on_main_process)
 from .blockwise import blockwise_distillation_terms
-from .losses import attention_cross_entropy, attention_entropy, output_mse
+from .losses import attention_cross_entropy, attention_entropy, negative_weight_mass, output_mse
+
+#: the per-layer statistics of :meth:`DistillRecorder.per_layer`
+LAYER_STATISTICS = ("ce", "kl", "teacher_entropy", "student_entropy", "negative_weight_mass")
 
 
 class DistillRecorder:
     """The ``attend_hook`` of every converted layer during stage 1 (and KL measurement)."""
 
     def __init__(self, train=False, loss_scale=1.0, output_loss_weight=0.0, backward=None,
-                 block_size=DistillConfig.block_size):
+                 block_size=DistillConfig.block_size, negative_weight_penalty=0.0):
         self.train = train
         self.loss_scale = loss_scale
         self.output_loss_weight = output_loss_weight
+        # λ of the negative-weight penalty; applied only to maps that are not ``nonnegative``
+        self.negative_weight_penalty = negative_weight_penalty
         self.block_size = block_size  # longer query sequences go block by block (DistillConfig.block_size)
         # accelerate's backward in training: it scales the loss when fp16 keeps a gradient scaler
         self.backward = backward or torch.Tensor.backward
@@ -56,16 +64,22 @@ class DistillRecorder:
             teacher = softmax_attention_weights(q, k, key_padding_mask, scale)
             out = (teacher @ v.float()).to(v.dtype)  # exact softmax attention feeds the next layer
         query_mask = key_padding_mask if q.shape[2] == k.shape[2] else None
+        penalty = self.penalty_weight(fm)
         with torch.enable_grad() if self.train else torch.no_grad():
             student = linear_attention_weights(q.detach(), k.detach(), fm, key_padding_mask, scale)
             ce = attention_cross_entropy(teacher, student, query_mask)
             mse = output_mse(student @ v.detach().float(), out, query_mask) if self.output_loss_weight else None
-            self._backward(ce, mse)
+            negative = negative_weight_mass(student if penalty else student.detach(), query_mask)
+            self._backward(ce, mse, negative, penalty)
         with torch.no_grad():
             h_teacher = attention_entropy(teacher, query_mask)
             h_student = attention_entropy(student.detach().clamp_min(0), query_mask)
-        self._record(fm.layer_index, ce, h_teacher, h_student)
+        self._record(fm.layer_index, ce, h_teacher, h_student, negative)
         return out, (teacher if output_attentions else None)
+
+    def penalty_weight(self, fm):
+        """λ for ``fm``: ``negative_weight_penalty``, or 0 for a map whose weights cannot be negative."""
+        return 0.0 if fm.nonnegative else float(self.negative_weight_penalty)
 
     def _blockwise(self, fm, q, k, v, key_padding_mask, scale):
         """The same loss, statistics and output over blocks of ``block_size`` query rows (memory
@@ -73,30 +87,35 @@ class DistillRecorder:
         with torch.enable_grad() if self.train else torch.no_grad():
             terms = blockwise_distillation_terms(q.detach(), k.detach(), v.detach(), fm, key_padding_mask, scale,
                                                  self.block_size, with_mse=bool(self.output_loss_weight))
-            self._backward(terms.ce, terms.mse)
-        self._record(fm.layer_index, terms.ce, terms.teacher_entropy, terms.student_entropy)
+            self._backward(terms.ce, terms.mse, terms.negative, self.penalty_weight(fm))
+        self._record(fm.layer_index, terms.ce, terms.teacher_entropy, terms.student_entropy, terms.negative)
         return terms.out
 
-    def _backward(self, ce, mse):
-        """In training, backpropagate this layer's loss: the CE, plus the weighted output MSE when on."""
+    def _backward(self, ce, mse, negative, penalty):
+        """In training, backpropagate this layer's loss: the CE, plus the weighted output MSE when on,
+        plus ``penalty`` (λ) times the negative-weight mass when λ > 0."""
         loss = ce if mse is None else ce + self.output_loss_weight * mse
+        if penalty:
+            loss = loss + penalty * negative
         if self.train and loss.requires_grad:
             self.backward(loss * self.loss_scale)
 
-    def _record(self, layer, ce, h_teacher, h_student):
+    def _record(self, layer, ce, h_teacher, h_student, negative):
         stats = self.sums[layer]
         stats["ce"] += ce.item()
         stats["kl"] += ce.item() - h_teacher.item()
         stats["teacher_entropy"] += h_teacher.item()
         stats["student_entropy"] += h_student.item()
+        stats["negative_weight_mass"] += negative.item()
         stats["count"] += 1
 
     def per_layer(self):
-        """``{layer: {ce, kl, teacher_entropy, student_entropy}}`` averaged over recorded calls."""
+        """``{layer: {ce, kl, teacher_entropy, student_entropy, negative_weight_mass}}`` averaged over
+        recorded calls (``negative_weight_mass``: the penalty term P, whether or not it is weighted)."""
         result = {}
         for layer, stats in sorted(self.sums.items()):
             count = max(stats["count"], 1)
-            result[layer] = {key: stats[key] / count for key in ("ce", "kl", "teacher_entropy", "student_entropy")}
+            result[layer] = {key: stats[key] / count for key in LAYER_STATISTICS}
         return result
 
 
@@ -212,7 +231,8 @@ def _resume(trainer, maps, state_path, resume, log):
         clear_checkpoint(trainer.accelerator, [state_path, state_path.parent / "metrics.jsonl"], log)
     if state_path is None or not state_path.is_file():
         return 0, [], 0.0
-    state = torch.load(state_path, map_location=trainer.accelerator.device, weights_only=False)
+    state = torch.load(state_path, map_location="cpu", weights_only=False)  # copied onto the device by load_state_dict
+    check_process_count(state.get("num_processes"), trainer.accelerator, state_path.parent)
     for index, fm in maps.items():
         fm.load_state_dict(state["maps"][index])
     trainer.optimizer.load_state_dict(state["optimizer"])
@@ -227,7 +247,9 @@ def _train_feature_maps(model, maps, params, trainer, state_path, step, history)
     last step."""
     config, accelerator = trainer.config, trainer.accelerator
     recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
-                               backward=accelerator.backward, block_size=config.block_size)
+                               backward=accelerator.backward, block_size=config.block_size,
+                               negative_weight_penalty=config.negative_weight_penalty)
+    signed = any(not fm.nonnegative for fm in maps.values())
     model.eval()  # dropout off: the teacher rows must be exact
     with distillation_mode(model, recorder):
         while step < trainer.total:
@@ -240,11 +262,14 @@ def _train_feature_maps(model, maps, params, trainer, state_path, step, history)
                 if not boundary:
                     continue
                 layers = recorder.per_layer()  # means over the step's micro-batches
-                loss, kl = trainer.finish_step([sum(v[key] for v in layers.values()) / len(layers)
-                                                for key in ("ce", "kl")], step + 1, params, average=True)
+                loss, kl, negative = trainer.finish_step(
+                    [sum(v[key] for v in layers.values()) / len(layers) for key in ("ce", "kl", "negative_weight_mass")],
+                    step + 1, params, average=True)
                 recorder.reset()
                 step += 1
-                history.append(trainer.record({"step": step, "ce": loss, "kl": kl}, f"CE {loss:.3f} KL {kl:.3f}"))
+                info = f"CE {loss:.3f} KL {kl:.3f}" + (f" negative {negative:.4f}" if signed else "")
+                history.append(trainer.record({"step": step, "ce": loss, "kl": kl, "negative_weight_mass": negative},
+                                              info))
                 if state_path is not None and (step == trainer.total or config.checkpoint_every
                                                and step % config.checkpoint_every == 0):
                     _save_state(state_path, maps, trainer.optimizer, trainer.scheduler, step, history,
@@ -256,9 +281,9 @@ def _train_feature_maps(model, maps, params, trainer, state_path, step, history)
 
 
 def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):
-    """Write the stage-1 checkpoint (main process) atomically: a killed run leaves the previous
-    checkpoint whole."""
-    if accelerator.is_main_process:
-        atomic_torch_save({"maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
-                           "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds},
-                          path)
+    """Write the stage-1 checkpoint (main process; the others wait) atomically: a killed run
+    leaves the previous checkpoint whole."""
+    on_main_process(atomic_torch_save, {
+        "maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds,
+        "num_processes": accelerator.num_processes}, path)

@@ -28,7 +28,8 @@ from ..config import FinetuneConfig  # the stage-2 settings live in linearize.co
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
 from ..training import (PROGRESS_FILE, ProgressBar, Trainer, append_jsonl, atomic_torch_save, clear_checkpoint,
-                        load_accelerator_checkpoint, make_accelerator, save_accelerator_checkpoint)
+                        evaluation_shards, load_accelerator_checkpoint, make_accelerator, on_main_process,
+                        save_accelerator_checkpoint)
 
 
 RECIPES = {
@@ -47,24 +48,27 @@ def recipe(name, **overrides):
 @torch.no_grad()
 def predict(model, loader, device=None, max_batches=None, description=None):
     """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int); with a
-    ``description``, a progress bar."""
+    ``description``, a progress bar. Under several processes each predicts its share of the
+    batches and every process gets all ``N`` predictions, in order and each once
+    (:func:`linearize.training.evaluation_shards`)."""
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
     all_logits, all_labels = [], []
-    total = len(loader) if max_batches is None else min(len(loader), max_batches)
-    bar = ProgressBar(total, 0, description, description is not None)
-    for step, batch in enumerate(loader):
-        if max_batches is not None and step >= max_batches:
-            break
-        labels = batch.get("labels", batch.get("label"))
-        inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "label", "idx")}
-        logits = model(**inputs).logits
-        all_logits.append(logits.float().cpu())
-        if labels is not None:
-            all_labels.append(labels.cpu())
-        bar.update(step + 1)
-    bar.close()
+    with evaluation_shards(loader) as (shard, gather):
+        total = len(shard) if max_batches is None else min(len(shard), max_batches)
+        bar = ProgressBar(total, 0, description, description is not None)
+        for step, batch in enumerate(shard):
+            if max_batches is not None and step >= max_batches:
+                break
+            labels = batch.get("labels", batch.get("label"))
+            inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "label", "idx")}
+            logits = gather(model(**inputs).logits)
+            all_logits.append(logits.float().cpu())
+            if labels is not None:
+                all_labels.append(gather(labels.to(device)).cpu())
+            bar.update(step + 1)
+        bar.close()
     model.train(was_training)
     logits = torch.cat(all_logits).numpy() if all_logits else np.zeros((0, 0), np.float32)
     labels = torch.cat(all_labels).numpy() if all_labels else None
@@ -86,7 +90,7 @@ BEST_FILE = "best.pt"  # the best weights so far (by the dev metric) in ``output
 
 
 def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
-             teacher=None, progress=True, log=print):
+             teacher=None, progress=True, log=print, initial_candidate=False, initial_metrics=None):
     """Fine-tune ``model`` in place on ``train_loader``; select on ``eval_loader`` (the dev split).
 
     ``task``: a ``TaskSpec`` or task name (its primary metric is maximised). The best weights
@@ -97,7 +101,13 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     as an uninterrupted run would (``resume=False``: start afresh, clearing that state).
     ``teacher``: with ``config.kd_weight > 0``, a frozen model whose outputs on the same batch
     the loss also matches (:func:`linearize.distill.losses.logit_distillation`).
-    Returns ``{best_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
+    ``initial_candidate``: ``model`` as it is given (all of it, the head included; in the
+    pipeline the stage-1 student) competes as epoch 0: it is scored on the dev split before the
+    first step (``initial_metrics``: its dev metrics, already measured, reused instead) and is
+    the model returned when no epoch scores strictly higher (a tie keeps the earlier candidate;
+    early stopping counts from it too).
+    Returns ``{best_metric, best_epoch (0: the initial model), initial_metric (its dev score, or
+    None), primary_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
     """
     from accelerate.utils import set_seed
 
@@ -120,22 +130,34 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     model = trainer.prepare(_optimizer(model, config), model)
     accelerator.register_for_checkpointing(trainer.scheduler)
     run = _FineTuning(model, trainer, task_loss, output_dir, log)
+    description = "  dev evaluation" if progress and accelerator.is_main_process else None
+    if initial_candidate and not run.resumed:  # a resumed run keeps its candidate (progress.json, best.pt)
+        with _rng_kept(accelerator.device):  # scoring it leaves the training's random draws as they were
+            metrics = initial_metrics or evaluate(accelerator.unwrap_model(model), eval_loader, task,
+                                                  accelerator.device, description=description)
+        run.start(metrics[primary], primary)
     trainer.begin(run.meta["step"], run.meta["seconds"], "fine-tuning", progress, output_dir)
     while run.continues():
         run.train_epoch()
         metrics = evaluate(accelerator.unwrap_model(model), eval_loader, task, accelerator.device,
-                           description="  dev evaluation" if progress and accelerator.is_main_process else None)
+                           description=description)
         run.end_epoch(metrics, primary)
     trainer.close()
-    accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     if best_path.is_file():
-        unwrapped.load_state_dict(torch.load(best_path, map_location=accelerator.device, weights_only=True))
+        unwrapped.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True))
     dev = evaluate(unwrapped, eval_loader, task, accelerator.device)
     meta = run.meta
-    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"], "primary_metric": primary,
+    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"],
+            "initial_metric": meta.get("initial_metric"), "primary_metric": primary,
             "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
             "seconds": trainer.seconds, "resumed": run.resumed, "config": config.to_dict()}
+
+
+def _rng_kept(device):
+    """A context after which torch's random generators (CPU, and ``device``'s when a GPU) are as
+    before it: a data loader draws its seed from them when it starts iterating."""
+    return torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
 
 def _task_loss(config, task, teacher, device):
@@ -173,19 +195,30 @@ class _FineTuning:
     """One fine-tuning run between its optimizer steps: the prepared ``model``, its ``trainer``
     and ``meta``, the run's own resumable progress, saved in ``progress.json`` with every
     checkpoint (``epoch``: finished epochs; ``epoch_step`` and ``running``: the optimizer steps
-    and their loss sum in the current one; ``stale``: epochs since the dev metric last improved).
+    and their loss sum in the current one; ``stale``: epochs since the dev metric last improved;
+    ``initial_metric``: the dev score of the model before any step when it competes, epoch 0).
     Built from the checkpoint in ``output_dir`` when there is one (``resumed``)."""
 
     def __init__(self, model, trainer, task_loss, output_dir, log):
         self.model, self.trainer, self.task_loss, self.output_dir, self.log = model, trainer, task_loss, output_dir, log
         self.meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
-                     "stale": 0, "history": [], "seconds": 0.0, "state": None}
+                     "initial_metric": None, "stale": 0, "history": [], "seconds": 0.0, "state": None}
         saved = load_accelerator_checkpoint(trainer.accelerator, output_dir)
         self.resumed = saved is not None
         if self.resumed:
             self.meta.update(saved)
             log(f"stage 2 resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
                 f"from {output_dir}")
+
+    def start(self, score, primary):
+        """Make the model as it is now, before any step, candidate epoch 0 with dev ``score``: its
+        weights become ``best.pt``, kept unless an epoch scores strictly higher."""
+        self.meta.update(best_metric=score, best_epoch=0, initial_metric=score)
+        accelerator = self.trainer.accelerator
+        if accelerator.is_main_process:
+            atomic_torch_save(accelerator.unwrap_model(self.model).state_dict(), self.output_dir / BEST_FILE)
+        accelerator.wait_for_everyone()
+        self.log(f"epoch 0 (the model before fine-tuning): dev {primary} {score:.4f}")
 
     def continues(self):
         """Steps and epochs are left and early stopping (``patience``) has not struck."""
@@ -236,8 +269,8 @@ class _FineTuning:
         score = metrics[primary]
         if meta["best_metric"] is None or score > meta["best_metric"]:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
-            if accelerator.is_main_process:
-                atomic_torch_save(accelerator.unwrap_model(self.model).state_dict(), self.output_dir / BEST_FILE)
+            on_main_process(atomic_torch_save, accelerator.unwrap_model(self.model).state_dict(),
+                            self.output_dir / BEST_FILE)
         else:
             meta["stale"] += 1
         self.save()

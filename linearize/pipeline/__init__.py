@@ -21,10 +21,10 @@ from .inputs import TaskData, build_source_model, check_head, load_data, load_pr
 from .measurements import cls_attention, data_hash, environment, latency, latency_batch, luna_channels, scores
 from .run_report import build_report, write_run_report
 from .single_stage import distill_model, evaluate_model, finetune_model, load_model_for_task, stage_recipe
-from .stages import RunContext, run
+from .stages import RunContext, run, run_teacher
 
 __all__ = ["RunContext", "RunState", "TaskData", "build_report", "build_source_model", "check_head",
            "cls_attention", "comparable", "data_hash", "distill_model", "drop_resume_checkpoints", "environment",
            "evaluate_model", "finetune_model", "latency", "latency_batch", "load_data", "load_model_for_task",
            "load_processor", "load_saved", "luna_channels", "make_loaders", "recipe_difference", "run",
-           "save_model", "scores", "stage_recipe", "write_run_report"]
+           "run_teacher", "save_model", "scores", "stage_recipe", "write_run_report"]

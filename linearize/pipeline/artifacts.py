@@ -13,6 +13,9 @@ from ..errors import LinearizeError
 from ..io import atomic_dir, atomic_write_json
 
 
+TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "seed")  # what a shared teacher must match
+
+
 class RunState:
     """``state.json`` of a run folder: which stages are finished, with their results."""
 
@@ -22,11 +25,20 @@ class RunState:
         if recipe is not None and self.data:
             difference = recipe_difference(self.data.get("recipe") or {}, comparable(recipe))
             if difference is not None:
-                raise LinearizeError(f"{out_dir} holds a run of a different recipe ({difference}); choose another "
-                                     "--out or pass --overwrite to start over")
+                raise LinearizeError(f"{out_dir} holds a run of a different recipe ({difference}); "
+                                     f"{self._refusal_advice(out_dir, comparable(recipe))}")
             self.data["recipe"] = comparable(recipe)  # keys added since, at their defaults
         self.data.setdefault("recipe", comparable(recipe))
         self.data.setdefault("stages", {})
+
+    def _refusal_advice(self, out_dir, recipe):
+        """What to do about a run folder of another recipe: reuse its teacher when it serves."""
+        saved = self.data.get("recipe") or {}
+        if "teacher" in self.data.get("stages", {}) and recipe_difference(
+                {k: saved.get(k) for k in TEACHER_KEYS}, {k: recipe.get(k) for k in TEACHER_KEYS}) is None:
+            return (f"run into another --out with --teacher-from {out_dir} to reuse its fine-tuned teacher, "
+                    "or pass --overwrite to start over")
+        return "choose another --out (--teacher-from reuses a finished run's teacher), or pass --overwrite to start over"
 
     def done(self, stage):
         return stage in self.data["stages"]
@@ -35,8 +47,11 @@ class RunState:
         return self.data["stages"][stage]
 
     def finish(self, stage, result):
+        """Record ``stage``'s ``result`` (every process; the main one writes ``state.json``)."""
+        from ..training import on_main_process
+
         self.data["stages"][stage] = result
-        atomic_write_json(self.path, self.data)
+        on_main_process(atomic_write_json, self.path, self.data)
 
 
 def recipe_difference(saved, current, defaults=None, path=""):
@@ -101,6 +116,18 @@ def drop_resume_checkpoints(work_dir):
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def remove_work_dir(work_dir, out_dir):
+    """After a single stage saved its model in ``out_dir``: its training curve (``metrics.jsonl``)
+    moves into ``out_dir`` and the working folder (resume checkpoints, best weights: hundreds of
+    MB) is deleted."""
+    work_dir = Path(work_dir)
+    if not work_dir.is_dir():
+        return
+    if (work_dir / "metrics.jsonl").is_file():
+        os.replace(work_dir / "metrics.jsonl", Path(out_dir) / "metrics.jsonl")
+    shutil.rmtree(work_dir)
 
 
 def link_or_copy(source, target):

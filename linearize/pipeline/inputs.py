@@ -8,6 +8,7 @@ batches and their order are those of tokenising afresh for every stage.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from ..errors import LinearizeError
 
 def build_source_model(recipe, spec):
     """The softmax starting point: a pretrained checkpoint with the task's head, or (``model:
-    {config: ...}``) a model built from a config to be trained from scratch."""
+    {config: ...}``) a model built from a config to be trained from scratch. An image task's
+    ``data.image_size`` different from a checkpoint's own resizes its position grid
+    (``convert.resolution``), so the teacher and the student both work at that size."""
     import transformers
 
     from ..convert.heads import auto_class_for
     from ..convert.loading import load_source_model
+    from ..convert.resolution import resize_image_positions
 
     head_kwargs = spec.model_config_kwargs()
     source = recipe["model"]
@@ -36,11 +40,62 @@ def build_source_model(recipe, spec):
         torch.manual_seed(recipe["seed"])
         return cls.from_config(config), None
     model = load_source_model(source, head=recipe["head"], **head_kwargs)
-    return model, source
+    if spec.kind == "image" and recipe["data"]["image_size"]:
+        resize_image_positions(model, recipe["data"]["image_size"])
+    return fit_positions(model, recipe, spec), source
+
+
+def fit_positions(model, recipe, spec):
+    """``model`` made to take ``data.max_length`` tokens, the run's one length rule.
+
+    Text is cut to ``data.max_length`` tokens; a model whose learned position table is shorter
+    (BERT, RoBERTa, ... : ``linearize.convert.positions``) gets its table extended to that length,
+    initialised as ``position_init`` says, before the teacher is fine-tuned, so the teacher and
+    the student converted from it both read whole inputs. A model whose positions are not learned
+    must already take that length (a one-line error otherwise)."""
+    from ..convert.positions import POSITION_INITS, extend_positions, max_positions
+
+    length = recipe["data"]["max_length"]
+    if recipe["position_init"] not in POSITION_INITS:
+        raise LinearizeError(f"unknown position_init {recipe['position_init']!r}; valid: "
+                             f"{', '.join(POSITION_INITS)}")
+    if spec.kind != "text":
+        return model
+    try:
+        current = max_positions(model)
+    except LinearizeError:  # no learned table: rotary or fixed positions
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit and length > limit:
+            raise LinearizeError(f"data.max_length {length} is longer than the {limit} positions of "
+                                 f"{recipe['model']}, which are not a learned table linearize can extend; set "
+                                 f"data.max_length {limit} or less") from None
+        return model
+    if length > current:
+        extend_positions(model, length, recipe["position_init"])
+    return model
+
+
+def fit_tokenizer(processor, recipe):
+    """A tokenizer whose ``model_max_length`` is below ``data.max_length`` raised to it: the
+    model's positions follow (:func:`fit_positions`), and the saved tokenizer says so."""
+    limit = getattr(processor, "model_max_length", None)
+    if limit is not None and recipe["data"]["max_length"] > limit:
+        processor.model_max_length = recipe["data"]["max_length"]
+    return processor
 
 
 def load_processor(recipe, spec):
-    """Tokenizer (text) or image processor (image) of the source checkpoint, or None."""
+    """Tokenizer (text) or image processor (image) of the source checkpoint, or None; an image
+    processor feeds ``data.image_size`` images when the recipe sets it."""
+    from ..convert.resolution import processor_at_size
+
+    processor = _source_processor(recipe, spec)
+    if spec.kind == "image" and processor is not None and recipe["data"]["image_size"]:
+        return processor_at_size(processor, recipe["data"]["image_size"])
+    return processor
+
+
+def _source_processor(recipe, spec):
     import transformers
 
     from ..convert.loading import resolve_model_name
@@ -68,15 +123,33 @@ def check_head(model, spec, name):
                              "cannot serve this task; fine-tune a checkpoint with a new head instead")
 
 
+def check_task_head(model, name):
+    """A model fine-tuned or scored on a task needs a classification head (outputs ``logits``)."""
+    import transformers
+
+    from ..convert import linearize_config
+    from ..convert.heads import head_for_class
+
+    if not isinstance(model, transformers.PreTrainedModel):
+        return
+    architecture = (linearize_config(model) or {}).get("architecture") or type(model).__name__
+    head = head_for_class(architecture)
+    if head is None or head.pipeline_tag not in ("text-classification", "image-classification"):
+        raise LinearizeError(f"{name} is a {architecture}, without a classification head: convert or fine-tune "
+                             "its softmax source with --head sequence-classification (or image-classification) "
+                             "first")
+
+
 def load_data(recipe):
     """``(DatasetDict, TaskSpec)`` of the recipe's task, cut to ``data.max_train_examples`` /
     ``data.max_eval_examples`` (a seeded shuffle first); a validation split is required."""
     from ..data import load_task_data
 
     d = recipe["data"]
-    keys = ("data_dir", "data_file", "train_file", "validation_file", "test_file", "text_column",
-            "text_pair_column", "label_column", "dev_fraction")
-    data, spec = load_task_data(recipe["task"], seed=d["seed"], **{k: d[k] for k in keys if d[k] is not None})
+    paths = ("data_dir", "data_file", "train_file", "validation_file", "test_file")
+    keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")
+    given = {k: os.path.expanduser(d[k]) if k in paths else d[k] for k in keys if d[k] is not None}  # ~/glue
+    data, spec = load_task_data(recipe["task"], seed=d["seed"], **given)
     for split, limit in (("train", d["max_train_examples"]),):
         if limit and len(data[split]) > limit:
             data[split] = data[split].shuffle(seed=d["seed"]).select(range(limit))
@@ -100,9 +173,11 @@ class TaskData:
 
     @classmethod
     def load(cls, recipe):
-        """The recipe's data (:func:`load_data`) and its source's processor (:func:`load_processor`)."""
+        """The recipe's data (:func:`load_data`) and its source's processor (:func:`load_processor`),
+        a tokenizer's limit raised to ``data.max_length`` (:func:`fit_tokenizer`)."""
         data, spec = load_data(recipe)
-        return cls(recipe, data, spec, load_processor(recipe, spec))
+        processor = load_processor(recipe, spec)
+        return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor)
 
     def loaders(self, batch_size, seed):
         """``{split: DataLoader}``: ``train`` shuffled with ``seed`` at ``batch_size``, the other

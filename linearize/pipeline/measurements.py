@@ -30,10 +30,17 @@ def latency(teacher, student, batch, repeats=10):
 
     for model in (teacher, student):
         model.eval()
+    batch = on_device(batch, teacher)  # a model trained on a GPU stays there
     times = interleaved_times({"teacher": lambda: teacher(**batch), "student": lambda: student(**batch)},
                               repeats=repeats, warmup=1)
     t, s = (1000 * statistics.median(times[name]) for name in ("teacher", "student"))
     return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
+
+
+def on_device(batch, model):
+    """``batch``'s tensors on ``model``'s device."""
+    device = next(model.parameters()).device
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def latency_batch(recipe, spec, loader, model=None):
@@ -64,7 +71,7 @@ def luna_channels(student, loader):
     inputs = {i: [] for i in chosen}
     hooks = [maps[i].register_forward_pre_hook(lambda mod, args, kw, i=i: inputs[i].append(args[0]), with_kwargs=True)
              for i in chosen]
-    batch = next(iter(loader))
+    batch = on_device(next(iter(loader)), student)
     try:
         student.eval()
         student(**{k: v for k, v in batch.items() if k not in ("labels", "label")})
@@ -78,7 +85,7 @@ def luna_channels(student, loader):
 @torch.no_grad()
 def cls_attention(teacher, student, loader, spec, processor, examples=3):
     """LUNA Fig. 4 data: CLS→token (or →patch) attention of the last layer, mean over heads."""
-    batch = next(iter(loader))
+    batch = on_device(next(iter(loader)), teacher)
     inputs = {k: v[:examples] for k, v in batch.items() if k not in ("labels", "label")}
     convert(teacher, "softmax")  # exact softmax through linearize's path, which returns the weights
     try:

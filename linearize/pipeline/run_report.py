@@ -32,6 +32,7 @@ def build_report(recipe, spec, data, student, teacher_result, stage1_result, sta
         timing=Timing(teacher_seconds=teacher.seconds, stage1_seconds=stage1.seconds, stage2_seconds=stage2.seconds,
                       total_seconds=total_seconds),
         latency=Latency(seq_len=seq_len, batch_size=int(next(iter(batch.values())).shape[0]), **timing),
+        selection=stage2.selection(spec.primary_metric),
         curves={"teacher": teacher.history, "stage1": stage1.history, "stage2": stage2.history}, visuals=visuals,
         seeds={"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]}, environment=environment(),
         data_hash=data_hash(data))

@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config import DistillConfig, FinetuneConfig
+from ..attention.feature_maps import check_method_options
+from ..config import DistillConfig, FinetuneConfig, check_limit, validate_recipe
 from ..convert import convert, feature_maps_of, linearize_config
 from ..distill import distill
 from ..errors import LinearizeError
 from ..finetune import finetune
-from .artifacts import save_model
-from .inputs import TaskData, check_head
+from ..training import main_process_first, on_main_process
+from .artifacts import remove_work_dir, save_model
+from .inputs import TaskData, check_head, check_task_head
 from .measurements import scores
+
+
+DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize distill` saves
 
 
 def stage_recipe(model, task, *, data=None, **top):
@@ -43,12 +48,14 @@ def _stage_inputs(model, task, data, head=None):
     """``(task data, model, converted?)`` of a single stage."""
     from .inputs import load_data, load_processor
 
-    recipe = stage_recipe(model, task, data=data)
-    loaded, spec = load_data(recipe)
-    net, converted = load_model_for_task(model, spec, head)
+    recipe = validate_recipe(stage_recipe(model, task, data=data))
+    with main_process_first():  # several processes: a download (or a cache) is made once
+        loaded, spec = load_data(recipe)
+        net, converted = load_model_for_task(model, spec, head)
+        processor = load_processor(recipe, spec)
     if converted:
         check_head(net, spec, model)
-    return TaskData(recipe, loaded, spec, load_processor(recipe, spec)), net, converted
+    return TaskData(recipe, loaded, spec, processor), net, converted
 
 
 def _work_dir(out):
@@ -56,14 +63,21 @@ def _work_dir(out):
 
 
 def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, batch_size=32,
-                  eval_batches=10, data=None, overwrite=False, resume=True, progress=True, log=print):
+                  eval_batches=10, data=None, overwrite=False, resume=True, keep_work=False, progress=True,
+                  log=print):
     """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it.
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
-    (which clears them and starts afresh)."""
+    (which clears them and starts afresh). After success it is deleted (its ``metrics.jsonl``
+    moves into ``out``) unless ``keep_work``."""
     from ..io import prepare_output_dir
 
-    prepare_output_dir(out, overwrite=overwrite)
+    config = (config or DistillConfig()).check()
+    check_limit("batch_size", batch_size)
+    check_limit("eval_batches", eval_batches)
+    if method is not None:
+        check_method_options(method, options or {})
+    out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(model, task, data)
     if not converted:
         if method is None:
@@ -73,43 +87,57 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
         method_name = linearize_config(net)["method"]
         raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
                              "train; fine-tune it directly with `linearize finetune`")
-    config = config or DistillConfig()
     loaders = task_data.loaders(batch_size, config.seed)
     result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
                      checkpoint_dir=_work_dir(out), resume=resume, progress=progress, log=log)
-    save_model(net, task_data.processor, out, {"distill.json": result})
+    on_main_process(save_model, net, task_data.processor, out, {DISTILL_RESULT: result})
+    if not keep_work:
+        on_main_process(remove_work_dir, _work_dir(out), out)
     return result
 
 
 def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
-                   teacher=None, progress=True, log=print):
+                   teacher=None, keep_work=False, progress=True, log=print):
     """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it.
 
     ``teacher`` (a folder or checkpoint with the task's head): the model whose outputs the
-    ``config.kd_weight`` term distils from.
+    ``config.kd_weight`` term distils from. A stage-1 output (a ``linearize distill`` folder, with
+    its ``distill.json``) competes in the selection as epoch 0: when no epoch beats it on the dev
+    split, it is the model saved (``best_epoch`` 0).
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
-    (which clears them and starts afresh)."""
+    (which clears them and starts afresh). After success it is deleted (its ``metrics.jsonl``
+    moves into ``out``) unless ``keep_work``."""
     from ..io import prepare_output_dir
 
-    prepare_output_dir(out, overwrite=overwrite)
+    config = (config or FinetuneConfig()).check()
+    out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(model, task, data, head)
-    config = config or FinetuneConfig()
+    check_task_head(net, model)
     if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
     loaders = task_data.loaders(config.batch_size, config.seed)
     result = finetune(net, loaders["train"], loaders["validation"], task_data.spec, _work_dir(out), config=config,
-                      resume=resume, teacher=teacher, progress=progress, log=log)
+                      resume=resume, teacher=teacher, progress=progress, log=log,
+                      initial_candidate=converted and is_stage1_output(model))
     splits = [s for s in task_data.data if s != "train"]
     result["scores"] = scores(net, loaders, task_data.spec, splits, progress)
-    save_model(net, task_data.processor, out, {"finetune.json": result})
+    on_main_process(save_model, net, task_data.processor, out, {"finetune.json": result})
+    if not keep_work:
+        on_main_process(remove_work_dir, _work_dir(out), out)
     return result
+
+
+def is_stage1_output(model):
+    """Whether ``model`` names a folder ``linearize distill`` wrote (it holds ``distill.json``)."""
+    return isinstance(model, (str, Path)) and (Path(model) / DISTILL_RESULT).is_file()
 
 
 def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
     task_data, net, converted = _stage_inputs(model, task, data, head)
+    check_task_head(net, model)
     check_head(net, task_data.spec, model)
     task_data.recipe["eval"]["batch_size"] = batch_size
     loaders = task_data.loaders(batch_size, 0)

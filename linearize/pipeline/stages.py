@@ -12,20 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import DistillConfig, FinetuneConfig, stage_config
+from ..config import DistillConfig, FinetuneConfig, stage_config, validate_recipe
 from ..convert import convert
 from ..distill import attention_distances, distill
 from ..errors import LinearizeError
 from ..finetune import finetune
-from .artifacts import (RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved, recipe_difference,
-                        save_model)
+from ..training import main_process_first, on_main_process
+from .artifacts import (TEACHER_KEYS, RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved,
+                        recipe_difference, save_model)
 from .inputs import TaskData, build_source_model, check_head
 from .measurements import cls_attention, latency, latency_batch, luna_channels, scores
 from .run_report import build_report, write_run_report
 
 STAGES = ("teacher", "stage1", "stage2")
 STAGE_DIRS = {"teacher": "teacher", "stage1": "stage1", "stage2": "model"}
-TEACHER_KEYS = ("model", "head", "task", "data", "teacher", "seed")  # what a shared teacher must match
 
 
 @dataclass
@@ -60,9 +60,9 @@ class RunContext:
         """Score ``model``, save it into the stage's folder, record ``result`` and drop its checkpoints."""
         model.eval()
         result["scores"] = self.score(model)
-        save_model(model, self.task.processor, self.out_dir / STAGE_DIRS[stage])
+        on_main_process(save_model, model, self.task.processor, self.out_dir / STAGE_DIRS[stage])
         self.state.finish(stage, comparable(result))
-        drop_resume_checkpoints(self.out_dir / "work" / stage)
+        on_main_process(drop_resume_checkpoints, self.out_dir / "work" / stage)
         return result
 
 
@@ -80,6 +80,7 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     student, stage1_result = stage1(ctx, teacher)
     student, stage2_result = stage2(ctx, teacher, student, stage1_result)
     log("[5/6] measuring latency and attention")
+    student.to(next(teacher.parameters()).device)  # a resumed run reloads finished stages on the CPU
     timing, seq_len, batch = measure_latency(ctx, teacher, student)
     visuals = figure_data(ctx, teacher, student)
     log("[6/6] writing the report")
@@ -87,32 +88,51 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     total = time.perf_counter() - ctx.started + sum(ctx.state.get(stage).get("seconds", 0.0) for stage in reused)
     report = build_report(ctx.recipe, ctx.task.spec, ctx.task.data, student, teacher_result, stage1_result,
                           stage2_result, ctx.report_split, timing, seq_len, batch, visuals, total)
-    return write_run_report(report, out_dir)
+    return on_main_process(write_run_report, report, out_dir)  # every process returns the written report
+
+
+def run_teacher(recipe, out_dir, *, overwrite=False, progress=True, log=print):
+    """The teacher stage of ``recipe`` alone, as :func:`run` makes it (fine-tuned, scored on the
+    selection and report splits, saved into ``out_dir/teacher``, resumable); its result, with
+    ``scores``. A baseline that is only a softmax model: e.g. the teacher cut at 512 tokens beside
+    a long-input run (docs/experiments/long-reviews)."""
+    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log)
+    teacher_stage(ctx)
+    return dict(ctx.state.get("teacher"), report_split=ctx.report_split)
 
 
 def start_run(recipe, out_dir, *, overwrite, progress, log):
-    """Prepare the run folder (checking a resumed one holds the same recipe), seed everything, load
-    the data and the evaluation loaders."""
-    import shutil
-
+    """Check the whole recipe, prepare the run folder (checking a resumed one holds the same
+    recipe), seed everything, load the data and the evaluation loaders: every input is checked
+    before any stage runs."""
     from accelerate.utils import set_seed
 
+    from ..io import check_output_path
     from ..recipes import options_for
 
+    validate_recipe(recipe)
     # the run keeps (and compares with its folder) the options its own method is converted with
     recipe = dict(recipe, options=options_for(recipe["method"], recipe["options"]))
-    out_dir = Path(out_dir)
-    if overwrite and out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_output_path(out_dir)
+    on_main_process(_make_run_folder, out_dir, overwrite)
     state = RunState(out_dir, recipe)
     set_seed(recipe["seed"])
     started = time.perf_counter()
     log(f"[1/6] data: {recipe['task']}")
-    task = TaskData.load(recipe)
+    with main_process_first():  # several processes: a download (or a cache) is made once
+        task = TaskData.load(recipe)
     report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
     eval_loaders = task.loaders(recipe["eval"]["batch_size"], recipe["seed"])
     return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started)
+
+
+def _make_run_folder(out_dir, overwrite):
+    """The run folder, emptied first with ``overwrite``."""
+    import shutil
+
+    if overwrite and out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
 
 
 def share_teacher(ctx, teacher_from):
@@ -122,11 +142,13 @@ def share_teacher(ctx, teacher_from):
     if not shared.done("teacher"):
         raise LinearizeError(f"{teacher_from} has no finished teacher to share")
     theirs, ours = shared.data.get("recipe") or {}, comparable(ctx.recipe)
-    difference = recipe_difference({k: theirs.get(k) for k in TEACHER_KEYS}, {k: ours.get(k) for k in TEACHER_KEYS})
+    # a key the shared run's recipe lacks (made before the key existed) counts as its default
+    difference = recipe_difference({k: theirs[k] for k in TEACHER_KEYS if k in theirs},
+                                   {k: ours.get(k) for k in TEACHER_KEYS})
     if difference is not None:
         raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); match it, "
                              "or drop --teacher-from (--teachers-from), or compare into another --out")
-    link_or_copy(Path(teacher_from) / "teacher", ctx.out_dir / "teacher")
+    on_main_process(link_or_copy, Path(teacher_from) / "teacher", ctx.out_dir / "teacher")
     ctx.state.finish("teacher", shared.get("teacher"))
 
 
@@ -144,8 +166,12 @@ def teacher_stage(ctx):
 
 
 def _make_teacher(ctx):
+    from ..convert.api import check_convertible
+
     recipe, spec = ctx.recipe, ctx.task.spec
     teacher, source = build_source_model(recipe, spec)
+    # the student's conversion is checked now, not after the teacher's fine-tuning
+    check_convertible(teacher, recipe["method"], layers=recipe["layers"], **recipe["options"])
     if not recipe["teacher"]["finetune"]:
         ctx.log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
         check_head(teacher, spec, recipe["model"])
@@ -182,19 +208,24 @@ def stage1(ctx, teacher):
 
 def stage2(ctx, teacher, student, stage1_result):
     """The student fine-tuned on the task (with the teacher's outputs as a distillation target when
-    ``stage2.kd_weight`` > 0), or, with ``stage2.enabled: false``, stage 1's student as it is."""
+    ``stage2.kd_weight`` > 0), or, with ``stage2.enabled: false``, stage 1's student as it is.
+
+    When stage 1 ran, its student competes in stage 2's selection as epoch 0 with the dev score it
+    was given when stage 1 finished: the saved model is stage 1's when no stage-2 epoch beats it."""
     if ctx.state.done("stage2"):
         ctx.log("[4/6] stage 2: reusing the fine-tuned student")
         return load_saved(ctx.out_dir / "model", converted=True), ctx.state.get("stage2")
     if not ctx.recipe["stage2"]["enabled"]:
         result = {"skipped": True, "seconds": 0.0, "history": [], "scores": stage1_result["scores"]}
-        save_model(student, ctx.task.processor, ctx.out_dir / "model")
+        on_main_process(save_model, student, ctx.task.processor, ctx.out_dir / "model")
         ctx.state.finish("stage2", result)
         return student, result
     ctx.log("[4/6] stage 2: fine-tuning the student")
     cfg = stage_config(FinetuneConfig, ctx.recipe["stage2"], seed=ctx.seed)
+    stage1_ran = not stage1_result.get("skipped")
     result = finetune(student, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], ctx.task.spec,
-                      ctx.out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=ctx.progress, log=ctx.log)
+                      ctx.out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=ctx.progress, log=ctx.log,
+                      initial_candidate=stage1_ran, initial_metrics=stage1_result["scores"]["validation"])
     return student, ctx.finish("stage2", student, result)
 
 
@@ -203,7 +234,9 @@ def measure_latency(ctx, teacher, student):
     a resumed run keeps the figure of the run that made the model."""
     batch, seq_len = latency_batch(ctx.recipe, ctx.task.spec, ctx.eval_loaders[ctx.report_split], teacher)
     if not ctx.state.done("latency"):
-        ctx.state.finish("latency", latency(teacher, student, batch, ctx.recipe["eval"]["latency_repeats"]))
+        # timed on the main process alone (the others wait: they would share its cores)
+        ctx.state.finish("latency", on_main_process(latency, teacher, student, batch,
+                                                    ctx.recipe["eval"]["latency_repeats"]))
     return ctx.state.get("latency"), seq_len, batch
 
 

@@ -12,10 +12,10 @@ from .figures import make_figures
 from .files import copy_report, render_report, save_report, write_report
 from .markdown import CAPTIONS, render_markdown
 from .results import (FIGURE_NAMES, FIGURES_DIR, REPORT_JSON, REPORT_MD, REQUIRED_SECTIONS, SCHEMA, SCHEMA_VERSION,
-                      AttentionInfo, LayerDistance, Latency, ModelInfo, Recovery, Report, StageResult, TaskInfo,
-                      Timing, as_report, load_report, recovery, validate_report)
+                      AttentionInfo, LayerDistance, Latency, ModelInfo, Recovery, Report, Selection, StageResult,
+                      TaskInfo, Timing, as_report, load_report, recovery, validate_report)
 
 __all__ = ["AttentionInfo", "CAPTIONS", "FIGURE_NAMES", "FIGURES_DIR", "LayerDistance", "Latency", "ModelInfo",
            "REPORT_JSON", "REPORT_MD", "REQUIRED_SECTIONS", "Recovery", "Report", "SCHEMA", "SCHEMA_VERSION",
-           "StageResult", "TaskInfo", "Timing", "as_report", "copy_report", "load_report", "make_figures", "recovery",
-           "render_markdown", "render_report", "save_report", "validate_report", "write_report"]
+           "Selection", "StageResult", "TaskInfo", "Timing", "as_report", "copy_report", "load_report", "make_figures",
+           "recovery", "render_markdown", "render_report", "save_report", "validate_report", "write_report"]

@@ -18,6 +18,7 @@ from ..attention.feature_maps import method_notes
 from ..convert.config_block import decode_block
 from ..convert.heads import head_for_class
 from ..errors import LinearizeError
+from .markdown import selection_note
 from .results import REPORT_JSON, as_report
 
 README = "README.md"
@@ -36,6 +37,7 @@ _KNOWN_DATASETS = {
     "fashion-mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
     "fashion_mnist": ("zalando-datasets/fashion_mnist", "Fashion-MNIST"),
     "moviereviews": (None, "Movie-review sentence polarity (Pang & Lee, 2005)"),
+    "moviereviews-long": (None, "Whole movie reviews, polarity v2.0 (Pang & Lee, 2004)"),
 }
 
 LINEAR_ATTENTION = (
@@ -271,6 +273,8 @@ def _recovery_section(report, figures):
             lines.append("| " + " | ".join(cells) + " |")
         if recovery.average is not None:
             lines += ["", f"Average recovery: **{recovery.average:.1f} %**."]
+        if selection_note(report):
+            lines += ["", f"Model selection: {selection_note(report)}"]
         lines.append("")
     else:
         lines += ["The report has no scores.", ""]
@@ -335,13 +339,27 @@ def _usage(repo_id, config, block, files):
     return lines + ["```python", usage_snippet(repo_id, config, block, set(files)), "```", ""]
 
 
-def build_card(repo_id, config, report=None, figures=(), files=()):
+def _speed_section(speed):
+    """The measured crossover against softmax (``linearize bench --model DIR``'s ``bench.json``)."""
+    from ..model_bench import FOLDER_BENCH_JSON, folder_speed_lines
+
+    lines = folder_speed_lines(speed)
+    return ["## Speed", "",
+            f"Measured with `linearize bench --model DIR` (float32, whole model forward, medians; the full "
+            f"record is [`{FOLDER_BENCH_JSON}`]({FOLDER_BENCH_JSON})). Speed depends on the machine: this is "
+            "the machine it was measured on.", "",
+            f"- Crossover: {lines['crossover']}.", f"- Time ÷ softmax time: {lines['time ÷ softmax']}.",
+            f"- Measured on: {lines['measured on']}.", ""]
+
+
+def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     """The ``README.md`` model card as a ``huggingface_hub.ModelCard``.
 
     ``config``: the model's config.json as a dict (with its ``linearize`` block); ``report``: the
     run's :class:`~linearize.report.Report` (or ``report.json``'s content) or None; ``figures``:
     the figure paths in the repo; ``files``: the names of the uploaded model files (to pick the
-    usage snippet's inputs).
+    usage snippet's inputs); ``speed``: the model folder's ``bench.json`` (its measured crossover
+    against softmax) or None.
     """
     import yaml
     from huggingface_hub import ModelCard
@@ -357,6 +375,8 @@ def build_card(repo_id, config, report=None, figures=(), files=()):
         lines += _recovery_section(report, list(figures))
     else:
         lines += ["## Recovery", "", "This model was pushed without a recovery report.", ""]
+    if speed:
+        lines += _speed_section(speed)
     lines += _usage(repo_id, config, block, files)
     if report and report.recipe:
         lines += ["## Training recipe", "", "```yaml",

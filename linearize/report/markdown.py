@@ -137,6 +137,9 @@ def _summary(report):
         stage1_average = report.recovery("student_stage1").average
         if stage1_average is not None:
             lines[-1] += f" After stage 1 alone, before fine-tuning, it kept {_fmt_pct(stage1_average)}."
+        if report.selection.stage1_kept:
+            lines[-1] += (f" No stage-2 epoch beat that model on the {report.task.selection_split or 'selection'} "
+                          "split, so it is the saved student.")
     else:
         lines.append(f"No student score on the {split} split was recorded, so the recovery is unknown.")
     attention = report.attention
@@ -164,7 +167,9 @@ def _scores_section(report):
     def scores(stage, on):
         return report.scores_of(stage, on) if on else {}
 
-    labels = zip(STAGES, ("teacher (softmax)", "student after stage 1", "student after stage 2"))
+    final = "final student (the stage-1 model, kept on dev)" if report.selection.stage1_kept else \
+        "student after stage 2"
+    labels = zip(STAGES, ("teacher (softmax)", "student after stage 1", final))
     stages = [(key, label) for key, label in labels if key == "teacher" or scores(key, split) or scores(key, selection)]
     if not names:
         return []
@@ -195,7 +200,25 @@ def _scores_section(report):
         if sel_rows:
             lines += ["", f"On the {selection} split (used for model selection and early stopping):", "",
                       _table(["model"] + [f"{name} ({selection})" for name in names], sel_rows)]
-    return lines + _noise_note(report) + _task_note(report)
+    note = selection_note(report)
+    return lines + (["", note] if note else []) + _noise_note(report) + _task_note(report)
+
+
+def selection_note(report):
+    """One sentence on the candidate stage 2 kept on the selection split and their dev scores (the
+    stage-1 model is epoch 0), or None when the report records no selection."""
+    chosen = report.selection
+    if not chosen.candidates or chosen.selected_epoch is None:
+        return None
+    scores = "; ".join(f"{'the stage-1 model' if epoch == 0 else f'epoch {epoch}'} {_fmt_score(score)}"
+                       for epoch, score in chosen.candidates)
+    competed = any(epoch == 0 for epoch, _ in chosen.candidates)
+    if chosen.stage1_kept:
+        kept = "Stage 2 kept the stage-1 model (epoch 0): none of its own epochs beat it"
+    else:
+        kept = f"Stage 2 kept its epoch {chosen.selected_epoch}" + (", which beat the stage-1 model" * competed)
+    split, metric = report.task.selection_split or "selection", chosen.metric or report.primary_metric
+    return f"{kept} on the {split} split ({metric}: {scores}; a tie keeps the earlier model)."
 
 
 def _noise_note(report):

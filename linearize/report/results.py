@@ -32,6 +32,10 @@ for readers of the file.
      "timing": {"teacher_seconds": 250.0, "stage1_seconds": 60.0, "stage2_seconds": 300.0,
                 "total_seconds": 640.0},
      "latency": {"seq_len": 64, "batch_size": 32, "teacher_ms": 40.1, "student_ms": 38.0, "speedup": 1.05},
+     "selection": {"metric": "accuracy",     # stage 2's model selection on the selection split
+                   "candidates": [{"epoch": 0, "score": 0.806},   # epoch 0: the stage-1 model
+                                  {"epoch": 1, "score": 0.794}],  # then stage 2's epochs
+                   "selected_epoch": 0},     # the saved student (0: the stage-1 model)
      "curves": {"teacher": [{"epoch": 1, "step": 100, "train_loss": 0.5, "lr": 1e-5, "dev_accuracy": 0.8}, ...],
                 "stage1":  [{"step": 1, "ce": 3.1, "kl": 1.1, "lr": 1e-3}, ...],
                 "stage2":  [...]},
@@ -162,6 +166,21 @@ class StageResult:
 
     def with_scores(self, scores):
         return dataclasses.replace(self, scores=scores)
+
+    def selection(self, metric):
+        """The :class:`Selection` this fine-tuning stage made on the dev ``metric``: its epochs'
+        dev scores (``history``), the model it started from as epoch 0 when that competed
+        (``initial_metric``), and its ``best_epoch``; empty when it was skipped or logged no epoch."""
+        key = f"dev_{metric}"
+        epochs = [(int(e["epoch"]), finite(e.get(key))) for e in self.history
+                  if isinstance(e, dict) and "epoch" in e and finite(e.get(key)) is not None]
+        if self.skipped or not epochs:
+            return Selection()
+        initial = finite(self.extra.get("initial_metric"))
+        candidates = ([(0, initial)] if initial is not None else []) + epochs
+        selected = self.extra.get("best_epoch")
+        return Selection(metric=metric, candidates=tuple(candidates),
+                         selected_epoch=int(selected) if finite(selected) is not None else None)
 
 
 # ---------------------------------------------------------------- the report's sections
@@ -320,6 +339,37 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """How stage 2's model was chosen on the selection split, by the dev ``metric``: the
+    ``candidates`` ``((epoch, score), ...)`` — epoch 0 is the stage-1 model, before any stage-2
+    step, when it competed — and the ``selected_epoch``, the saved student (the first best: a tie
+    keeps the earlier candidate). Reports written before the stage-1 model competed have none."""
+
+    metric: str | None = None
+    candidates: tuple = ()
+    selected_epoch: int | None = None
+
+    @property
+    def stage1_kept(self):
+        """The saved student is the stage-1 model: no stage-2 epoch beat it on dev."""
+        return self.selected_epoch == 0 and any(epoch == 0 for epoch, _ in self.candidates)
+
+    @classmethod
+    def from_json(cls, data):
+        data = data if isinstance(data, dict) else {}
+        rows = data.get("candidates") if isinstance(data.get("candidates"), list) else []
+        candidates = tuple((int(row["epoch"]), finite(row.get("score"))) for row in rows
+                           if isinstance(row, dict) and finite(row.get("epoch")) is not None)
+        selected = finite(data.get("selected_epoch"))
+        return cls(metric=data.get("metric") if isinstance(data.get("metric"), str) else None,
+                   candidates=candidates, selected_epoch=int(selected) if selected is not None else None)
+
+    def to_json(self):
+        return {"metric": self.metric, "candidates": [{"epoch": e, "score": v} for e, v in self.candidates],
+                "selected_epoch": self.selected_epoch}
+
+
+@dataclass(frozen=True)
 class Recovery:
     """A student's recovery on ``split``: ``per_metric`` percentages and their ``average``."""
 
@@ -346,6 +396,7 @@ class Report:
     attention: AttentionInfo = field(default_factory=AttentionInfo)
     timing: Timing = field(default_factory=Timing)
     latency: Latency = field(default_factory=Latency)
+    selection: Selection = field(default_factory=Selection)
     curves: dict | None = None
     visuals: dict | None = None
     seeds: dict | None = None
@@ -370,7 +421,8 @@ class Report:
         return cls(recipe=section("recipe") or {}, task=TaskInfo.from_json(data.get("task")),
                    model=ModelInfo.from_json(data.get("model")), scores=_scores(data.get("scores")),
                    attention=AttentionInfo.from_json(data.get("attention")), timing=Timing.from_json(data.get("timing")),
-                   latency=Latency.from_json(data.get("latency")), curves=section("curves"),
+                   latency=Latency.from_json(data.get("latency")),
+                   selection=Selection.from_json(data.get("selection")), curves=section("curves"),
                    visuals=section("visuals"), seeds=section("seeds"), environment=section("environment"),
                    data_hash=data.get("data_hash") or None, created=data.get("created") or None,
                    figures=tuple(map(str, data["figures"])) if isinstance(data.get("figures"), list) else ())
@@ -404,7 +456,7 @@ class Report:
         if student.per_metric or stage1.per_metric:
             out["recovery"] = {"split": self.split, "per_metric": student.per_metric, "average": student.average,
                                "stage1_per_metric": stage1.per_metric, "stage1_average": stage1.average}
-        for name in ("attention", "timing", "latency"):
+        for name in ("attention", "timing", "latency", "selection"):
             section = getattr(self, name)
             if section != type(section)():
                 out[name] = section.to_json()
@@ -501,6 +553,9 @@ def _scores(data):
 
 def _normalise_v1(data):
     """Version 1 as every linearize so far wrote it, in the form :class:`Report` holds.
+
+    - ``selection`` (stage 2's candidates and the one kept) is optional: an older report has
+      none (its stage 2 chose among its own epochs only) and reads as an empty :class:`Selection`;
 
     - the report split was named by ``recovery.split`` (now ``task.report_split``; the stored
       recovery itself is recomputed from the scores);

@@ -4,17 +4,23 @@ A stage supplies what it trains and its loss; :class:`Trainer` runs the optimize
 step plan (gradient accumulation over micro-batches, epochs or ``max_steps``), the schedule, the
 non-finite-loss guard, gradient clipping, the ``metrics.jsonl`` log, the progress bar and the
 throughput. The pieces around it: the accelerator set-up (:func:`make_accelerator`), the mean
-over processes, and the atomic checkpoint files a stage saves and resumes from.
+over processes, which process writes (:mod:`.accelerator`: :func:`is_main_process`,
+:func:`on_main_process`, ...; the one place that knows), and the atomic checkpoint files a
+stage saves and resumes from.
 """
 
-from .accelerator import average_gradients, make_accelerator, mean_over_processes
-from .checkpoint import (PROGRESS_FILE, atomic_torch_save, clear_checkpoint, load_accelerator_checkpoint,
-                         save_accelerator_checkpoint)
+from .accelerator import (average_gradients, evaluation_shards, is_main_process, launched_processes,
+                          main_process_first, make_accelerator, mean_over_processes, on_main_process,
+                          wait_for_everyone)
+from .checkpoint import (PROGRESS_FILE, atomic_torch_save, check_process_count, clear_checkpoint,
+                         load_accelerator_checkpoint, save_accelerator_checkpoint)
 from .loop import Trainer, micro_batches
 from .metrics_log import append_jsonl, truncate_jsonl
 from .progress import ProgressBar, Throughput
 from .schedule import make_scheduler
 
 __all__ = ["PROGRESS_FILE", "ProgressBar", "Throughput", "Trainer", "append_jsonl", "atomic_torch_save",
-           "average_gradients", "clear_checkpoint", "load_accelerator_checkpoint", "make_accelerator", "make_scheduler",
-           "mean_over_processes", "micro_batches", "save_accelerator_checkpoint", "truncate_jsonl"]
+           "average_gradients", "check_process_count", "clear_checkpoint", "evaluation_shards", "is_main_process",
+           "launched_processes", "load_accelerator_checkpoint", "main_process_first", "make_accelerator",
+           "make_scheduler", "mean_over_processes", "micro_batches", "on_main_process",
+           "save_accelerator_checkpoint", "truncate_jsonl", "wait_for_everyone"]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import LinearizeError
-from .accelerator import average_gradients, mean_over_processes
+from .accelerator import average_gradients, is_main_process, mean_over_processes
 from .metrics_log import append_jsonl, truncate_jsonl
 from .progress import ProgressBar, Throughput
 from .schedule import make_scheduler
@@ -86,12 +86,12 @@ class Trainer:
         """Start after ``done_steps`` steps that took ``seconds`` (0 and 0.0 for a fresh run): the
         ``metrics.jsonl`` in ``checkpoint_dir`` (if any) loses the lines of steps a killed run
         logged after its last checkpoint, and a progress bar (``progress``) starts."""
-        main = self.accelerator.is_main_process
+        main = is_main_process()  # the others keep no log
         self.metrics_path = Path(checkpoint_dir) / "metrics.jsonl" if checkpoint_dir and main else None
         truncate_jsonl(self.metrics_path, done_steps)
         self.start = time.perf_counter() - seconds
         self.speed = Throughput(self.accelerator.num_processes)
-        self.bar = ProgressBar(self.total, done_steps, description, progress and main)
+        self.bar = ProgressBar(self.total, done_steps, description, progress)
 
     def epoch(self, epoch, done_steps=0):
         """The micro-batches of ``epoch`` after its first ``done_steps`` steps, as

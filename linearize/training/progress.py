@@ -6,13 +6,15 @@ import time
 
 import torch
 
+from .accelerator import is_main_process
+
 
 class ProgressBar:
-    """A rich progress bar (or nothing, when not ``enabled``)."""
+    """A rich progress bar (or nothing, when not ``enabled`` or not on the main process)."""
 
     def __init__(self, total, done, description, enabled):
         self.bar = None
-        if enabled:
+        if enabled and is_main_process():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
                 TimeRemainingColumn
 

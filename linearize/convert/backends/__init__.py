@@ -8,6 +8,7 @@ rest (option checks, layer choice, the conversion record) once for all families.
         name                                    # "hf" or "timm"
         matches(model) -> bool
         attention_modules(model) -> [(qualified name, module)]
+        sliding_window_layers(model) -> [index]  # attention layers with a sliding window (never made global)
         attach(model, method, layers, options) -> dict   # family-specific fields of the record
         detach(model)
         save(model, directory)                  # weights + config.json with the linearize block

@@ -60,6 +60,9 @@ class HFBackend:
             raise LinearizeError("linearize converts bidirectional encoders; this model is configured as a decoder")
         return modules
 
+    def sliding_window_layers(self, model):
+        return hf_attention.sliding_window_layers(model)
+
     def record(self, model, source):
         return {"source": source or getattr(model.config, "_name_or_path", None) or None,
                 "base_model_type": model.config.model_type, "architecture": type(model).__name__,

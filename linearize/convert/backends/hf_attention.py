@@ -1,12 +1,17 @@
 """Patch Hugging Face encoders through transformers' attention-function registry.
 
-BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, ViT, DeiT and Dinov2 (transformers 5.x) compute
-their own Q/K/V projections and pass the attention module itself, with ``[B, H, N, d]``
+BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, ViT, DeiT, Dinov2, ModernBERT, UltraBERT, GTE, NomicBERT,
+EuroBERT, Jina-embeddings-v3, DINOv3 (ViT) and the CLIP / SigLIP / SigLIP2 vision towers (transformers 5.x)
+compute their own Q/K/V projections (and rotary positions, where they have them: the function
+receives q and k already rotated) and pass the attention module itself, with ``[B, H, N, d]``
 query/key/value, to the function registered under ``config._attn_implementation``. linearize
 registers one such function, ``"linearize"``: it looks for a feature map attached to the module
 (``module.linearize_map``) and runs linear attention with it; a module without one (a layer left
 softmax in a hybrid model) runs exact softmax. The pretrained projections are never copied or
-touched. A mask function is registered under the same name: without one, transformers builds no
+touched. Grouped key/value heads (EuroBERT) are repeated to the query heads, as transformers' own
+functions do. A layer that passes ``sliding_window`` (ModernBERT's and UltraBERT's local layers) stays
+local: windowed softmax, or windowed kernel attention if converted (``linearize.attention.windowed``);
+a causal call is refused. A mask function is registered under the same name: without one, transformers builds no
 padding mask for an unknown implementation and padding would silently be ignored. It hands the
 attention function the ``[batch, seq]`` key-padding mask (True = real token), never an N×N mask.
 
@@ -22,6 +27,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..config_block import decode_block
 from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
+from ...attention.windowed import windowed_attention_weights, windowed_linear_attention, windowed_softmax_attention
+from ...errors import LinearizeError
 
 ATTENTION_IMPLEMENTATION = "linearize"
 
@@ -37,6 +44,16 @@ ATTENTION_CLASSES = {
     "vit": "ViTAttention",
     "deit": "DeiTAttention",
     "dinov2": "Dinov2Attention",
+    "modernbert": "ModernBertAttention",
+    "gte": "GteAttention",
+    "nomic_bert": "NomicBertAttention",
+    "eurobert": "EuroBertAttention",
+    "jina_embeddings_v3": "JinaEmbeddingsV3Attention",
+    "dinov3_vit": "DINOv3ViTAttention",
+    "clip_vision_model": "CLIPAttention",
+    "siglip_vision_model": "SiglipAttention",
+    "siglip2_vision_model": "Siglip2Attention",
+    "ultrabert": "UltrabertAttention",
 }
 
 
@@ -66,14 +83,50 @@ def linearize_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     return None if bool(mask.all()) else mask
 
 
-def linearize_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The registered attention function: returns ``(out [B, N, H, d], weights or None)``."""
+def linearize_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                                sliding_window=None, **kwargs):
+    """The registered attention function: returns ``(out [B, N, H, d], weights or None)``.
+
+    ``sliding_window`` follows transformers' convention (flash attention's ``window_size =
+    (w - 1, w - 1)``): query ``i`` sees keys ``|i - j| ≤ w - 1``."""
+    if kwargs.get("is_causal", getattr(module, "is_causal", False)):
+        raise LinearizeError("linearize converts bidirectional attention; this layer is causal (a decoder or a "
+                             "text tower): convert an encoder or a vision tower")
     fm = getattr(module, "linearize_map", None)
     if fm is None:
         fm = _softmax_map(module)
-    out, weights = fm.attend(query, key, value, key_padding_from_mask(attention_mask), scale=scaling,
-                             output_attentions=bool(kwargs.get("output_attentions", False)), dropout=dropout)
+    key, value = repeat_key_value_heads(query, key, value)
+    padding = key_padding_from_mask(attention_mask)
+    output_attentions = bool(kwargs.get("output_attentions", False))
+    if sliding_window is not None:
+        out, weights = windowed_attend(fm, query, key, value, padding, scaling, int(sliding_window) - 1,
+                                       output_attentions, dropout)
+    else:
+        out, weights = fm.attend(query, key, value, padding, scale=scaling, output_attentions=output_attentions,
+                                 dropout=dropout)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def repeat_key_value_heads(query, key, value):
+    """Grouped-query attention: each key/value head repeated for its group of query heads (as
+    transformers' ``repeat_kv``: head ``h`` reads key head ``h // group``)."""
+    group = query.shape[1] // key.shape[1]
+    if group == 1:
+        return key, value
+    return key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+
+
+def windowed_attend(fm, query, key, value, padding, scale, radius, output_attentions, dropout):
+    """A sliding-window layer: exact windowed softmax, or windowed kernel attention with ``fm``'s
+    features (``linearize.attention.windowed``); never full attention."""
+    if "attend_hook" in fm.__dict__:
+        raise LinearizeError("stage-1 attention distillation does not support sliding-window layers yet; convert "
+                             "only the global layers (the default, without convert_sliding_window)")
+    if fm.exact_softmax:
+        return windowed_softmax_attention(query, key, value, radius, padding, scale, dropout, output_attentions)
+    out = windowed_linear_attention(query, key, value, fm, radius, padding, scale)
+    weights = windowed_attention_weights(query, key, fm, radius, padding, scale) if output_attentions else None
+    return out, weights
 
 
 _SOFTMAX = {}
@@ -100,6 +153,13 @@ def attention_modules(model):
     if class_name is None:
         return []
     return [(name, module) for name, module in model.named_modules() if type(module).__name__ == class_name]
+
+
+def sliding_window_layers(model):
+    """Indices of the attention modules that attend through a sliding window (ModernBERT's local
+    layers: the module's ``sliding_window`` is set)."""
+    return [index for index, (_, module) in enumerate(attention_modules(model))
+            if getattr(module, "sliding_window", None) is not None]
 
 
 def head_geometry(config):

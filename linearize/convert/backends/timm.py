@@ -74,6 +74,9 @@ class TimmBackend:
     def attention_modules(self, model):
         return timm_attention_modules(model)
 
+    def sliding_window_layers(self, model):
+        return []  # timm's VisionTransformer attends globally in every block
+
     def record(self, model, source):
         base = getattr(type(model), "_linearize_base", type(model))
         return {"source": source, "base_model_type": "timm", "architecture": base.__name__}

@@ -1,0 +1,254 @@
+"""The bad-input battery (issue 22) as one table: command -> exit code and message fragment.
+
+Every bad input is refused before any work is done, in one line (``error: ...``, no traceback)
+that says what to do, or is handled correctly (exit 0). No case trains more than a few steps of
+a tiny BERT; every output folder of a refused command is absent or empty, and no hidden
+temporary folder is left beside it.
+"""
+
+import csv
+import errno
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from linearize.cli import app
+from linearize.convert import convert_checkpoint
+from linearize.pipeline import RunState
+from linearize.recipes import load_recipe, options_for
+from tiny_models import save_tiny_text_classifier
+
+runner = CliRunner()
+GOOD = ["good", "fine", "great", "nice"]
+BAD = ["bad", "awful", "dull", "poor"]
+
+
+def _write_csv(path, rows, encoding="utf-8"):
+    with open(path, "w", newline="", encoding=encoding) as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, minilm_path):
+    """Tiny models (a classifier, a base model, both converted) and small data files."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("bad-inputs")
+    save_tiny_text_classifier(root / "tiny", minilm_path)
+    save_tiny_text_classifier(root / "base", minilm_path)
+    config = json.loads((root / "base" / "config.json").read_text())
+    config["architectures"] = ["BertModel"]  # the same weights read as a model without a head
+    (root / "base" / "config.json").write_text(json.dumps(config))
+    save_tiny_text_classifier(root / "twelve", minilm_path)
+    config = json.loads((root / "twelve" / "config.json").read_text())
+    config["num_attention_heads"] = "twelve"
+    (root / "twelve" / "config.json").write_text(json.dumps(config))
+    convert_checkpoint(str(root / "tiny"), "relu", root / "converted")
+    convert_checkpoint(str(root / "base"), "relu", root / "converted-base")
+    pairs = [(f"{g} {i}", "pos") for i in range(3) for g in GOOD] + [(f"{b} {i}", "neg") for i in range(3) for b in BAD]
+    for split in ("train", "dev", "test"):
+        _write_csv(root / f"{split}.csv", pairs)
+    _write_csv(root / "one-class.csv", [(f"good {i}", "pos") for i in range(12)])
+    _write_csv(root / "header-only.csv", [])
+    _write_csv(root / "latin1.csv", [("café crème", "pos"), ("bad", "neg")], encoding="latin-1")
+    _write_csv(root / "long-cell.csv", [("x" * 200_000, "pos")] + pairs)
+    (root / "afile.txt").write_text("a file, not a folder")
+    recipe = {"model": str(root / "tiny"), "task": "files", "method": "hedgehog",
+              "data": {"train_file": str(root / "train.csv"), "validation_file": str(root / "dev.csv"),
+                       "max_length": 16},
+              "teacher": {"epochs": 1, "batch_size": 8}, "stage1": {"epochs": 1, "batch_size": 8},
+              "stage2": {"epochs": 1, "batch_size": 8}}
+    (root / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    (root / "typo.yaml").write_text(yaml.safe_dump({**recipe, "options": {"luna": {"projection": 16}}}))
+    (root / "outs").mkdir()
+    (root / "empty").mkdir()
+    return root
+
+
+FILES = "--train-file {ws}/train.csv --validation-file {ws}/dev.csv --test-file {ws}/test.csv --max-length 16"
+RUN = "run {ws}/tiny.yaml --out {out}"
+FINETUNE = "finetune {ws}/tiny --task files --out {out} --epochs 1 --batch-size 8 --max-length 16"
+DISTILL = "distill {ws}/tiny --task files --out {out} --method hedgehog " + FILES
+CONVERT = "convert {ws}/tiny --out {out} --method relu"
+
+
+def finished_teacher(ws, out, monkeypatch):
+    """``out`` holds a hedgehog run of tiny.yaml whose teacher is finished."""
+    recipe = load_recipe(str(ws / "tiny.yaml"))
+    RunState(out, dict(recipe, options=options_for("hedgehog", recipe["options"]))).finish("teacher", {"seconds": 0.0})
+
+
+def home_is_workspace(ws, out, monkeypatch):
+    monkeypatch.setenv("HOME", str(ws))
+
+
+def in_empty_folder(ws, out, monkeypatch):
+    monkeypatch.chdir(ws / "empty")
+
+
+def disk_full(ws, out, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", no_space)
+
+
+def work_removed(ws, out):
+    assert not Path(f"{out}.work").exists() and (out / "metrics.jsonl").is_file()
+
+
+def work_kept(ws, out):
+    assert (Path(f"{out}.work") / "metrics.jsonl").is_file()
+
+
+def three_labels(ws, out):
+    assert len(json.loads((out / "config.json").read_text())["id2label"]) == 3
+
+
+def nothing_trained(ws, out):
+    assert not (out / "teacher").exists() and not (out / "work").exists()
+
+
+def empty_folder_stays_empty(ws, out):
+    assert list((ws / "empty").iterdir()) == []
+
+
+#: (case, command, exit code, fragment of the message (of the error line when the exit is not 0), set-up, check)
+CASES = [
+    # -- the whole recipe is checked before any stage runs
+    ("unknown method", RUN + " --method nope", 1, "unknown method 'nope'; valid methods: luna", None, None),
+    ("option name typo", RUN + " --method luna --set options.luna.projection=16", 1,
+     "unknown option(s) 'projection' for method 'luna'; valid options: projections", None, None),
+    ("option typo of another method's block", "run {ws}/typo.yaml --out {out}", 1,
+     "unknown option(s) 'projection' for method 'luna'", None, None),
+    ("lr not a number", RUN + " --set stage1.lr=fast", 1, "stage1.lr must be a number, got 'fast'", None, None),
+    ("bool option not a bool", RUN + " --method luna --option shared_mlp=maybe", 1,
+     "option shared_mlp must be true or false, got 'maybe'", None, None),
+    ("int option given a float", RUN + " --method luna --option projections=2.5", 1,
+     "option projections must be an integer, got 2.5", None, None),
+    ("int option given a word", RUN + " --method luna --option projections=abc", 1,
+     "option projections must be an integer, got 'abc'", None, None),
+    ("batch size 0", RUN + " --set stage2.batch_size=0", 1, "stage2.batch_size must be >= 1, got 0", None, None),
+    ("batch size a float", RUN + " --set stage2.batch_size=8.0", 1, "stage2.batch_size must be an integer", None,
+     None),
+    ("unknown scheduler", RUN + " --set stage2.scheduler=cos", 1,
+     "stage2.scheduler must be cosine | linear | constant, got 'cos'", None, None),
+    ("warmup ratio out of range", RUN + " --set teacher.warmup_ratio=1.5", 1,
+     "teacher.warmup_ratio must be in [0, 1), got 1.5", None, None),
+    ("zero max length", RUN + " --set data.max_length=0", 1, "data.max_length must be >= 1, got 0", None, None),
+    ("negative seed", RUN + " --seed -1", 1, "seed must be >= 0, got -1", None, None),
+    ("unknown head", RUN + " --set head=sequence", 1, "unknown head 'sequence'; valid heads: base", None, None),
+    ("layer out of range, before the teacher trains", RUN + " --layers 0,7", 1,
+     "layers [7] out of range: the model has 2 attention layers", None, nothing_trained),
+    ("a converted model as the source", RUN + " --model {ws}/converted", 1,
+     "is already converted to linear attention (relu", None, nothing_trained),
+    ("rerun with another recipe", RUN + " --method t2r", 1,
+     "different recipe (method: 'hedgehog' -> 't2r'); run into another --out with --teacher-from {out}",
+     finished_teacher, None),
+    ("output under a file", "run {ws}/tiny.yaml --out {ws}/afile.txt/sub", 1,
+     "{ws}/afile.txt is a file, not a folder; choose another --out", None, None),
+    ("~ expanded in --set data.data_dir", RUN + " --task sst2 --set data.data_dir=~/glue", 1,
+     "GLUE data folder {ws}/glue does not exist", home_is_workspace, None),
+    ("compare checks every run first", "compare {ws}/tiny.yaml --out {out} --methods luna,hedgehog --seeds 0 "
+     "--no-without-stage1 --set options.hedgehog.nope=1", 1, "unknown option(s) 'nope' for method 'hedgehog'",
+     None, None),
+    # -- data
+    ("one-class data", FINETUNE + " --train-file {ws}/one-class.csv", 1,
+     "one-class.csv has one class only (pos) in column 'label': a classifier needs at least two", None, None),
+    ("header-only CSV", FINETUNE + " --train-file {ws}/header-only.csv --validation-file {ws}/dev.csv", 1,
+     "header-only.csv has no records", None, None),
+    ("Latin-1 CSV", FINETUNE + " --train-file {ws}/latin1.csv --validation-file {ws}/dev.csv", 1,
+     "latin1.csv is not UTF-8 text (byte 0xe9", None, None),
+    ("a missing label column", FINETUNE + " --train-file {ws}/train.csv --label-column nope", 1,
+     "has no column 'nope'", None, None),
+    ("a 200,000-character cell trains; <out>.work removed", FINETUNE + " --train-file {ws}/long-cell.csv "
+     "--validation-file {ws}/dev.csv", 0, "saved to", None, work_removed),
+    ("--keep-work keeps <out>.work", FINETUNE + " --train-file {ws}/train.csv --keep-work", 0, "saved to", None,
+     work_kept),
+    ("~ expanded in data file paths", "eval text {ws}/tiny --task files --train-file ~/train.csv "
+     "--validation-file ~/dev.csv", 0, "validation", home_is_workspace, None),
+    # -- stage settings and heads
+    ("distill --epochs 0", DISTILL + " --epochs 0", 1, "epochs must be > 0, got 0.0", None, None),
+    ("distill --batch-size 0", DISTILL + " --batch-size 0", 1, "batch_size must be >= 1, got 0", None, None),
+    ("distill removes <out>.work", DISTILL + " --max-steps 1 --eval-batches 1", 0, "saved to", None, work_removed),
+    ("finetune --lr 0", FINETUNE + " --train-file {ws}/train.csv --lr 0", 1, "lr must be > 0, got 0.0", None, None),
+    ("finetune --kd-weight 2", FINETUNE + " --train-file {ws}/train.csv --kd-weight 2", 1,
+     "kd_weight must be in [0, 1], got 2.0", None, None),
+    ("eval text without a task head", "eval text {ws}/converted-base --task files " + FILES, 1,
+     "is a BertModel, without a classification head", None, None),
+    ("finetune without a task head", "finetune {ws}/converted-base --task files --out {out} " + FILES, 1,
+     "without a classification head: convert or fine-tune its softmax source with --head", None, None),
+    ("eval of a converted folder asks nothing", "eval text {ws}/converted --task files " + FILES, 0, "validation",
+     None, None),
+    # -- convert
+    ("--num-labels 0", CONVERT + " --num-labels 0", 1, "--num-labels 0: a head needs at least 1 output", None, None),
+    ("--num-labels without a head", "convert {ws}/base --out {out} --method relu --num-labels 3", 1,
+     "loads as BertModel, which has none; add --head sequence-classification", None, None),
+    ("--num-labels with --head is honoured", "convert {ws}/base --out {out} --method relu --num-labels 3 "
+     "--head sequence-classification", 0, "linearize model", None, three_labels),
+    ("convert an already-converted folder", "convert {ws}/converted --out {out}", 1,
+     "is already converted to linear attention (relu, from {ws}/tiny)", None, None),
+    ("config field of the wrong type", "convert {ws}/twelve --out {out}", 1,
+     "Field 'num_attention_heads' expected int, got str (value: 'twelve')", None, None),
+    ("convert --out under a file", "convert {ws}/tiny --out {ws}/afile.txt/sub", 1,
+     "{ws}/afile.txt is a file, not a folder", None, None),
+    ("convert --out .", "convert {ws}/tiny --out .", 1, "--out . is the folder you are in", in_empty_folder,
+     empty_folder_stays_empty),
+    ("full disk", CONVERT, 1, "no space left on the disk while writing {out}", disk_full, None),
+    ("convert --method nope", "convert {ws}/tiny --out {out} --method nope", 1, "unknown method 'nope'", None, None),
+    ("convert option of the wrong type", "convert {ws}/tiny --out {out} --method luna --option shared_mlp=maybe", 1,
+     "option shared_mlp must be true or false", None, None),
+]
+
+
+def _files_under(path):
+    return [p for p in Path(path).rglob("*") if p.is_file()] if Path(path).exists() else []
+
+
+@pytest.mark.parametrize("case, command, code, fragment, setup, check", CASES, ids=[case[0] for case in CASES])
+def test_bad_input(ws, monkeypatch, case, command, code, fragment, setup, check):
+    out = ws / "outs" / re.sub(r"[^A-Za-z0-9]+", "-", case)
+    monkeypatch.delenv("LINEARIZE_DEBUG", raising=False)
+    if setup is not None:
+        setup(ws, out, monkeypatch)
+    args = shlex.split(command.format(ws=ws, out=out))
+    result = runner.invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output and "Do you wish to run the custom code" not in result.output
+    fragment = fragment.format(ws=ws, out=out)
+    if code:
+        errors = [line for line in lines if line.startswith("error:")]
+        assert len(errors) == 1 and lines[-1] == errors[0], lines[-5:]
+        assert fragment in errors[0], errors[0]
+        if setup is not finished_teacher:  # (that run folder is the user's own)
+            assert _files_under(out) == [], "a refused command wrote output (or trained before refusing)"
+    else:
+        assert fragment in result.output, result.output
+    assert not [p.name for p in (ws / "outs").iterdir() if p.name.startswith(".")], "a temporary folder was left"
+    if check is not None:
+        check(ws, out)
+
+
+def test_the_battery_has_at_least_30_cases():
+    assert len(CASES) >= 30 and len({case[0] for case in CASES}) == len(CASES)
+
+
+def test_a_failed_write_removes_its_temporary_folder_and_keeps_the_bug_traceback(ws, monkeypatch):
+    """A failure that is not the user's keeps its traceback, and still leaves no temporary folder."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom: a bug while saving")
+
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", broken)
+    out = ws / "outs" / "bug"
+    result = runner.invoke(app, shlex.split(CONVERT.format(ws=ws, out=out)))
+    assert isinstance(result.exception, RuntimeError) and "boom" in str(result.exception)
+    assert not out.exists() and not [p for p in (ws / "outs").iterdir() if p.name.startswith(".")]

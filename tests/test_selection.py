@@ -1,0 +1,220 @@
+"""Stage 2's model selection with the stage-1 model as candidate epoch 0: in `finetune`, across a
+resume, in `linearize finetune` of a stage-1 output, in the pipeline, and in the report."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+import linearize
+from linearize.finetune import FinetuneConfig, finetune
+from linearize.finetune import stage2 as stage2_module
+from linearize.report import Report, Selection, StageResult, render_markdown
+from test_pipeline import workspace  # noqa: F401  (the module's tiny model and csv files)
+from tiny_models import inputs
+
+QUIET = {"progress": False, "log": lambda *a, **k: None}
+
+
+def _student():
+    """A tiny BERT (dropout on: training draws from torch's global generator) converted to LUNA."""
+    from tiny_models import build
+
+    model = build("bert", seed=0)
+    torch.manual_seed(1)
+    return linearize.convert(model, "luna", projections=4, hidden=8)
+
+
+def _loader(shuffle=True, n=24, batch_size=4):
+    examples = []
+    for i in range(n):
+        batch = inputs("bert", batch=2, seq=10, pad=1 + i % 3, seed=100 + i)
+        examples.append({k: v[i % 2] for k, v in batch.items()} | {"labels": torch.tensor(i % 2)})
+    if not shuffle:  # no generator of its own: iterating it draws its seed from torch's global one
+        return DataLoader(examples, batch_size=8)
+    return DataLoader(examples, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def _scripted(monkeypatch, values):
+    """Stage 2's dev evaluations (each run for real) report ``values`` in turn (the last one
+    repeated); returns the list the calls are counted in."""
+    real, calls = stage2_module.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        real(*args, **kwargs)
+        calls.append(None)
+        return {"accuracy": values[min(len(calls), len(values)) - 1]}
+
+    monkeypatch.setattr(stage2_module, "evaluate", evaluate)
+    return calls
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_equal_states(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_the_stage1_model_is_kept_when_no_epoch_beats_it(tmp_path, monkeypatch):
+    """Epoch 0 scores 0.7 on dev, the epochs 0.6 and 0.7 (a tie keeps the earlier model): the
+    model returned is the one given, every weight exactly, the head included."""
+    calls = _scripted(monkeypatch, [0.7, 0.6, 0.7, 0.7])
+    model = _student()
+    given = _state(model)
+    result = finetune(model, _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
+                      config=FinetuneConfig(lr=1e-3, epochs=2, patience=0), **QUIET)
+    assert (result["best_epoch"], result["initial_metric"], result["best_metric"]) == (0, 0.7, 0.7)
+    assert len(calls) == 4 and len(result["history"]) == 2  # epoch 0, the two epochs, the final check
+    _assert_equal_states(_state(model), given)
+
+
+def test_a_stage2_epoch_that_beats_it_is_kept_and_trains_as_without_it(tmp_path, monkeypatch):
+    """Epoch 1 beats epoch 0: it is kept, with exactly the weights of a run where the model given
+    did not compete (scoring it first leaves the training's random draws untouched)."""
+    config = FinetuneConfig(lr=1e-3, epochs=2, patience=0)
+    _scripted(monkeypatch, [0.6, 0.55, 0.6])
+    reference = _student()
+    finetune(reference, _loader(), _loader(False), "sst2", tmp_path / "a", config=config, **QUIET)
+    _scripted(monkeypatch, [0.5, 0.6, 0.55, 0.6])
+    model = _student()
+    given = _state(model)
+    result = finetune(model, _loader(), _loader(False), "sst2", tmp_path / "b", config=config,
+                      initial_candidate=True, **QUIET)
+    assert (result["best_epoch"], result["initial_metric"]) == (1, 0.5)
+    _assert_equal_states(_state(model), _state(reference))
+    assert any(not torch.equal(v, given[k]) for k, v in _state(model).items())  # it trained
+
+
+def test_given_dev_metrics_are_reused_not_measured_again(tmp_path, monkeypatch):
+    calls = _scripted(monkeypatch, [0.9])
+    result = finetune(_student(), _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
+                      initial_metrics={"accuracy": 0.95, "f1": 0.1}, config=FinetuneConfig(lr=1e-3, epochs=1),
+                      **QUIET)
+    assert len(calls) == 2  # the epoch and the final check: none for epoch 0
+    assert (result["best_epoch"], result["initial_metric"]) == (0, 0.95)
+
+
+def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
+    """Killed after epoch 1 of 3 (epoch 0 leading), resumed with another model in hand: the
+    candidate's weights and score come from the checkpoint, it is not scored again, and it wins."""
+    config = FinetuneConfig(lr=1e-3, epochs=3, patience=0)
+    _scripted(monkeypatch, [0.9, 0.5])
+    model = _student()
+    given = _state(model)
+
+    def crash_after_epoch_1(message, *args, **kwargs):
+        if message.startswith("epoch 1:"):
+            raise KeyboardInterrupt("simulated kill")
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(model, _loader(), _loader(False), "sst2", tmp_path, config=config, initial_candidate=True,
+                 progress=False, log=crash_after_epoch_1)
+    saved = json.loads((tmp_path / "progress.json").read_text())
+    assert (saved["epoch"], saved["best_epoch"], saved["initial_metric"]) == (1, 0, 0.9)
+    calls = _scripted(monkeypatch, [0.6, 0.7, 0.7])
+    other = _student()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)  # whatever the resumed process holds, the checkpoint decides
+    result = finetune(other, _loader(), _loader(False), "sst2", tmp_path, config=config, initial_candidate=True,
+                      **QUIET)
+    assert result["resumed"] and result["epochs_run"] == 3 and len(calls) == 3  # epochs 2, 3, the final check
+    assert (result["best_epoch"], result["initial_metric"], result["best_metric"]) == (0, 0.9, 0.9)
+    _assert_equal_states(_state(other), given)
+
+
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_linearize_finetune_of_a_stage1_output_can_keep_it(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """`linearize finetune` of a `linearize distill` folder: the stage-1 model competes, and when
+    stage 2 does not beat it the saved model is the stage-1 model; a softmax checkpoint does not compete."""
+    from linearize.config import DistillConfig
+    from linearize.pipeline import distill_model, finetune_model
+    from linearize.pipeline.single_stage import is_stage1_output
+
+    data = {"train_file": str(workspace / "train.csv"), "validation_file": str(workspace / "dev.csv"),
+            "test_file": str(workspace / "test.csv"), "max_length": 16}
+    distill_model(str(workspace / "tiny"), "files", tmp_path / "s1", method="hedgehog", batch_size=8, data=data,
+                  config=DistillConfig(lr=1e-2, epochs=1), **QUIET)
+    assert is_stage1_output(tmp_path / "s1") and not is_stage1_output(workspace / "tiny")
+    _scripted(monkeypatch, [0.9, 0.5])
+    config = FinetuneConfig(lr=1e-3, batch_size=8, epochs=1)
+    result = finetune_model(str(tmp_path / "s1"), "files", tmp_path / "s2", config=config, data=data, **QUIET)
+    assert (result["best_epoch"], result["initial_metric"]) == (0, 0.9)
+    _assert_equal_states(_weights(tmp_path / "s2"), _weights(tmp_path / "s1"))
+    result = finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", config=config, data=data,
+                            **QUIET)
+    assert result["initial_metric"] is None and result["best_epoch"] == 1
+
+
+def test_the_pipeline_reuses_the_stage1_score_and_reports_the_winner(workspace, tmp_path, monkeypatch):  # noqa: F811
+    """Stage 2 scoring below the stage-1 model on dev (every epoch at its real dev accuracy − 1):
+    the saved student is the stage-1 model and the report says so; scoring above it (+ 1), the
+    stage-2 epoch is kept. The stage-1 model's dev score is the one stage 1 recorded, not measured again."""
+    from linearize.pipeline import run
+    from linearize.recipes import load_recipe
+
+    real, calls = stage2_module.evaluate, []
+
+    def shifted(by):
+        def evaluate(*args, **kwargs):
+            calls.append(None)
+            return {name: value + by for name, value in real(*args, **kwargs).items()}
+        return evaluate
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"teacher": {"epochs": 1}, "stage1": {"epochs": 1}})
+    monkeypatch.setattr(stage2_module, "evaluate", shifted(-1.0))
+    report = run(recipe, tmp_path / "worse", **QUIET)
+    stage2_epochs = recipe["stage2"]["epochs"]
+    assert len(calls) == recipe["teacher"]["epochs"] + 1 + stage2_epochs + 1  # each: its epochs, the final check
+    dev_stage1 = report.scores_of("student_stage1", "validation")["accuracy"]
+    assert report.selection.selected_epoch == 0 and report.selection.stage1_kept
+    assert report.selection.candidates[0] == (0, dev_stage1) and len(report.selection.candidates) == 1 + stage2_epochs
+    assert report.scores["student"] == report.scores["student_stage1"]
+    _assert_equal_states(_weights(tmp_path / "worse" / "model"), _weights(tmp_path / "worse" / "stage1"))
+    markdown = (tmp_path / "worse" / "report.md").read_text()
+    assert "Stage 2 kept the stage-1 model (epoch 0)" in markdown and "final student (the stage-1 model" in markdown
+    assert json.loads((tmp_path / "worse" / "report.json").read_text())["selection"]["selected_epoch"] == 0
+
+    monkeypatch.setattr(stage2_module, "evaluate", shifted(1.0))
+    report = run(recipe, tmp_path / "better", teacher_from=tmp_path / "worse", **QUIET)
+    assert report.selection.selected_epoch >= 1 and not report.selection.stage1_kept
+    assert f"Stage 2 kept its epoch {report.selection.selected_epoch}, which beat the stage-1 model" in \
+        (tmp_path / "better" / "report.md").read_text()
+
+
+def test_the_report_reads_writes_and_renders_the_selection():
+    from linearize.compare import render, summarize
+    from linearize.report.card import build_card
+    from test_report import full_report
+
+    stage2 = StageResult.from_dict({"best_epoch": 0, "initial_metric": 0.806,
+                                    "history": [{"epoch": 1, "step": 90, "dev_accuracy": 0.794}]})
+    selection = stage2.selection("accuracy")
+    assert selection == Selection(metric="accuracy", candidates=((0, 0.806), (1, 0.794)), selected_epoch=0)
+    assert StageResult.from_dict({"skipped": True}).selection("accuracy") == Selection()
+    data = dict(full_report(), selection=selection.to_json())
+    report = Report.from_json(data)
+    assert report.selection == selection and report.selection.stage1_kept
+    assert Report.from_json(report.to_json()) == report
+    assert Report.from_json(full_report()).selection == Selection()  # written before: none, and none written
+    assert "selection" not in Report.from_json(full_report()).to_json()
+    note = ("Stage 2 kept the stage-1 model (epoch 0): none of its own epochs beat it on the validation split "
+            "(accuracy: the stage-1 model 0.806; epoch 1 0.794; a tie keeps the earlier model).")
+    assert note in render_markdown(report)
+    assert "No stage-2 epoch beat that model on the validation split" in render_markdown(report)
+    card = str(build_card("me/tiny", {"linearize": {"method": "luna"}}, report))
+    assert f"Model selection: {note}" in card
+    later = Report.from_json(dict(data, selection=dict(selection.to_json(), selected_epoch=1)))
+    table = summarize({"luna + stage 1": [report, later]})
+    assert table["rows"][1]["stage1_kept"] == 1
+    assert "Stage 2 kept the stage-1 model (no stage-2 epoch beat it on the dev split) in: luna + stage 1 (1 of 2) " \
+           "seeds." in render(table)
