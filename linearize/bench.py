@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
+from .threads import set_threads
 
 DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MODEL_SEQ_LENS = (128, 512)
@@ -95,6 +96,7 @@ def machine_info():
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"),
         "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "mkl": bool(torch.backends.mkl.is_available()),
         "load_average_start": _load_average(),
@@ -675,8 +677,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     specs = _method_specs(methods)
     labels = [label for label, _, _ in specs]
     saved_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    set_threads(threads)
     try:
         machine = machine_info()
         started = time.time()

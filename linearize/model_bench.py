@@ -35,6 +35,7 @@ from .bench import (_busy_warning, _cpu_snapshot, _load_average, _measure, _meth
                     _other_load, crossover_text, crossovers, machine_info)
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
+from .threads import set_threads
 
 DEFAULT_LONG_SEQ_LENS = (512, 2048, 4096, 8192, 16384)
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
@@ -160,8 +161,7 @@ def measuring(threads=None):
     """Set torch's threads for a run (restored after) and yield the machine record, which gains
     the load at the end and how busy other processes kept the CPU."""
     saved = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    set_threads(threads)
     try:
         machine = machine_info()
         snapshot = _cpu_snapshot()

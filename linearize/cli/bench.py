@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import LinearizeError
-from . import app, console, friendly_errors
+from . import ThreadsOpt, app, console, friendly_errors
 
 
 def _ints(text):
@@ -43,7 +43,7 @@ def bench_command(
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 1,
     num_heads: Annotated[int, typer.Option(help="Heads of the attention-layer benchmark.")] = 12,
     head_dim: Annotated[int, typer.Option(help="Head dimension of the attention-layer benchmark.")] = 32,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: as configured).")] = None,
+    threads: ThreadsOpt = None,
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (medians are reported).")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed warm-up repetitions.")] = 2,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure peak extra memory.")] = True,
