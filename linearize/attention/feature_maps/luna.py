@@ -46,6 +46,14 @@ from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
+def piecewise_linear(u, table, index):
+    """``relu(slope[i]·u + intercept[i])``, ``i = index``: the value of :class:`PiecewiseLinear`
+    (called directly when no gradient is needed: no autograd bookkeeping, no saved mask)."""
+    channels = table.shape[1] // 2
+    rows = table.index_select(0, index)  # [n, 2L]
+    return torch.addcmul(rows[:, channels:], rows[:, :channels], u[:, None]).relu_()
+
+
 class PiecewiseLinear(torch.autograd.Function):
     """``relu(slope[i]·u + intercept[i])`` with ``i = index`` (ψ by knot lookup, see
     :meth:`LunaFeatureMap.psi_lookup`): ``u [n]``, ``table [G+1, 2L]`` (L slopes, L intercepts),
@@ -59,9 +67,7 @@ class PiecewiseLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, table, index):
-        channels = table.shape[1] // 2
-        rows = table.index_select(0, index)  # [n, 2L]
-        out = torch.addcmul(rows[:, channels:], rows[:, :channels], u[:, None]).relu_()
+        out = piecewise_linear(u, table, index)
         ctx.save_for_backward(u, table, index, out > 0)
         return out
 
@@ -201,7 +207,11 @@ class LunaFeatureMap(FeatureMap):
         """
         table, structure = self._psi_table(u.dtype, u.device, float(scale))
         flat = u.reshape(-1)
-        out = PiecewiseLinear.apply(flat, table, self.knot_index(flat.detach(), structure))  # [n, L]
+        index = self.knot_index(flat.detach(), structure)
+        if torch.is_grad_enabled() and (flat.requires_grad or table.requires_grad):
+            out = PiecewiseLinear.apply(flat, table, index)  # [n, L]
+        else:
+            out = piecewise_linear(flat, table, index)
         return out.view(*u.shape, self.channels)
 
     @staticmethod
