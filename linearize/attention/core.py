@@ -109,7 +109,9 @@ def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
         if padded:
             factor = factor.masked_fill(key_mask == 0, 0.0)
         factor = torch.exp(factor)  # [B,H,Nk,1]: one multiply of the features below
-        phi_k = phi_k * (factor * key_mask if padded else factor)
+        factor = factor * key_mask if padded else factor
+        # in place (no new full-size tensor) unless autograd needs the map's output
+        phi_k = phi_k * factor if torch.is_grad_enabled() and phi_k.requires_grad else phi_k.mul_(factor)
     elif padded:
         phi_k = phi_k * key_mask
     return phi_q, phi_k, mask
@@ -233,9 +235,9 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
             if padded:
                 factor = factor.masked_fill(keep == 0, 0.0)
             factor = torch.exp(factor)
-            phi = phi * (factor * keep if padded else factor)
+            phi = phi.mul_(factor * keep if padded else factor)  # no autograd here: in place
         elif padded:
-            phi = phi * keep
+            phi = phi.mul_(keep)
         values = v[:, :, start:stop].float().reshape(rows, stop - start, dim_v)
         phi = phi.reshape(rows, stop - start, -1)
         if state is None:

@@ -46,9 +46,16 @@ def positive_random_features(x, omega, num_features):
     in ``log φ − s = ωᵢᵀx − max_j ωⱼᵀx``, so only the projection is touched at full width.
     """
     proj = torch.matmul(x, omega.transpose(1, 2))  # [B,H,N,m]
+    return features_from_projection(proj, x.pow(2).sum(dim=-1, keepdim=True), num_features)
+
+
+def features_from_projection(proj, squared_norm, num_features):
+    """``(exp(proj − s'), s)`` with ``s' = max_i proj_i`` and ``s = s' − ‖x‖²/2 − ½ log m``: the
+    log-space FAVOR+ features of :func:`positive_random_features` from the projections ``ωᵢᵀx``
+    ``[..., m]`` and ``‖x‖²`` ``[..., 1]``."""
     top = proj.amax(dim=-1, keepdim=True)
-    shift = top - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - 0.5 * math.log(num_features)
-    return torch.exp(proj - top), shift
+    shift = top - 0.5 * squared_norm - 0.5 * math.log(num_features)
+    return torch.sub(proj, top).exp_(), shift  # exp in place: one pass over a fresh tensor
 
 
 @dataclass
