@@ -143,10 +143,21 @@ def _load_average():
 
 # ---- measurement primitives ----------------------------------------------------------------------
 
-def _timed(fn):
-    start = time.perf_counter()
+#: what a latency is measured with: wall clock, or the process's CPU time (with one thread, the time
+#: the forward itself computed, whatever other processes take from the machine meanwhile)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _clock(name):
+    if name not in CLOCKS:
+        raise LinearizeError(f"unknown clock {name!r}; use one of: {', '.join(CLOCKS)}")
+    return CLOCKS[name]
+
+
+def _timed(fn, clock=time.perf_counter):
+    start = clock()
     out = fn()
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     del out
     return elapsed
 
@@ -214,7 +225,7 @@ def _summary(seconds):
     return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
 
 
-def interleaved_times(candidates, repeats, warmup):
+def interleaved_times(candidates, repeats, warmup, clock="wall"):
     """Time every candidate ``warmup + repeats`` rounds, all candidates once per round, in an order
     rotated each round; return ``{label: [seconds of the timed rounds]}``."""
     labels = list(candidates)
@@ -222,7 +233,7 @@ def interleaved_times(candidates, repeats, warmup):
     for round_index in range(warmup + repeats):
         shift = round_index % max(len(labels), 1)
         for label in labels[shift:] + labels[:shift]:
-            elapsed = _timed(candidates[label])
+            elapsed = _timed(candidates[label], _clock(clock))
             if round_index >= warmup:
                 times[label].append(elapsed)
     return times
@@ -230,10 +241,10 @@ def interleaved_times(candidates, repeats, warmup):
 
 # ---- attention layer -----------------------------------------------------------------------------
 
-def _measure(candidates, repeats, warmup, memory, reference, ratio_key):
+def _measure(candidates, repeats, warmup, memory, reference, ratio_key, clock="wall"):
     """``{label: summary}`` of interleaved timings (and peak memory) with each time ÷ ``reference``'s."""
     with torch.inference_mode():
-        times = interleaved_times(candidates, repeats, warmup)
+        times = interleaved_times(candidates, repeats, warmup, clock)
         peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
     results = {}
     for label in candidates:
@@ -312,7 +323,7 @@ def _method_specs(methods):
 
 
 def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32, repeats=5, warmup=2,
-                    memory=True, eager_max_bytes=8 * 2**30, seed=0, log=None):
+                    memory=True, eager_max_bytes=8 * 2**30, seed=0, log=None, clock="wall"):
     """Attention-layer latency (and peak memory) of sdpa, eager softmax and each method per length."""
     from .attention.feature_maps import create_feature_map
 
@@ -333,7 +344,7 @@ def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32,
             skipped[EAGER] = f"its two N×N matrices need {eager_bytes / 2**30:.1f} GiB > eager_max_bytes"
         for label, fm in maps.items():
             candidates[label] = (lambda fm: lambda: fm.attend(q, k, v)[0])(fm)
-        row = {"seq_len": int(n), "results": _measure(candidates, repeats, warmup, memory, SDPA, "time_vs_sdpa"),
+        row = {"seq_len": int(n), "results": _measure(candidates, repeats, warmup, memory, SDPA, "time_vs_sdpa", clock),
                "skipped": skipped}
         rows.append(row)
         if log:
@@ -419,7 +430,8 @@ def _model_inputs(model, batch_size, n, seed):
     return {"input_ids": ids, "attention_mask": torch.ones(batch_size, n, dtype=torch.long)}
 
 
-def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True, seed=0, log=None):
+def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True, seed=0, log=None,
+                clock="wall"):
     """Whole-model forward latency: softmax (own implementation and eager) against a converted copy
     per method, at each length the model accepts."""
     from .convert import convert
@@ -454,7 +466,7 @@ def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, me
         batch = _model_inputs(base, batch_size, n, seed)
         candidates = {label: (lambda m: lambda: m(**batch))(m) for label, m in models.items()}
         row = {"seq_len": n,
-               "results": _measure(candidates, repeats, warmup, memory, softmax_label, "time_vs_softmax")}
+               "results": _measure(candidates, repeats, warmup, memory, softmax_label, "time_vs_softmax", clock)}
         rows.append(row)
         if log:
             parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
@@ -509,7 +521,7 @@ def markdown_report(result):
              *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
              f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
              f"float32, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, candidates interleaved; "
-             "medians in ms. ×sdpa = sdpa time / method time (above 1: faster than sdpa).",
+             f"medians in ms of {'process CPU time' if cfg.get('clock') == 'cpu' else 'wall-clock time'}. ×sdpa = sdpa time / method time (above 1: faster than sdpa).",
              "Peak memory: extra MiB allocated by PyTorch's CPU allocator during one forward, output included "
              "(torch.profiler memory events).", ""]
     rows = result["attention"]
@@ -650,7 +662,7 @@ def _atomic_write_bytes(path, data):
 
 def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
               threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
-              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print):
+              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, clock="wall"):
     """Benchmark linear attention against softmax; write ``bench.json``, ``bench.md``, ``bench.png``.
 
     ``methods``: method names (default: every registered method but ``softmax``), ``(name,
@@ -658,7 +670,8 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     for the run (restored after; default: leave as is). ``model``: a Hugging Face model, or a
     name/folder for ``linearize.convert.loading.load_source_model`` (e.g. ``"minilm"``), or None
     to skip the whole-model part. ``memory``: also profile peak memory. ``log``: a callable for
-    progress lines (None: silent).
+    progress lines (None: silent). ``clock``: ``"wall"`` (default) or ``"cpu"`` (the process's CPU
+    time: with ``threads=1``, robust to other processes on a shared machine).
 
     Returns the dict written to ``bench.json``: ``machine``, ``config``, ``methods``,
     ``attention`` (one row per length: ``results[label]`` with ``median_ms``, ``min_ms``,
@@ -674,6 +687,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
         raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = _method_specs(methods)
     labels = [label for label, _, _ in specs]
+    _clock(clock)  # an unknown clock fails before any timing
     saved_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -683,11 +697,11 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
         snapshot = _cpu_snapshot()
         attention = bench_attention(specs, seq_lens, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
                                     repeats=repeats, warmup=warmup, memory=memory, eager_max_bytes=eager_max_bytes,
-                                    seed=seed, log=log)
+                                    seed=seed, log=log, clock=clock)
         model_part = None
         if model is not None and model_seq_lens:
             info, rows = bench_model(model, specs, model_seq_lens, batch_size=batch_size, repeats=repeats,
-                                     warmup=warmup, memory=memory, seed=seed, log=log)
+                                     warmup=warmup, memory=memory, seed=seed, log=log, clock=clock)
             model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
         machine["load_average_end"] = _load_average()
         machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
@@ -698,8 +712,9 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
                        "dtype": "float32", "repeats": repeats, "warmup": warmup, "memory": memory,
                        "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
                        "methods": {label: {"method": name, "options": options} for label, name, options in specs},
-                       "timing": "wall clock per forward under torch.inference_mode; candidates interleaved "
-                                 "(order rotated each round); medians of the timed rounds",
+                       "timing": f"{'wall clock' if clock == 'wall' else 'process CPU time'} per forward under "
+                                 "torch.inference_mode; candidates interleaved (order rotated each round); medians "
+                                 "of the timed rounds", "clock": clock,
                        "memory_method": "peak of the running sum of torch.profiler CPU allocation events during "
                                         "one separate forward (output included, inputs/weights excluded; "
                                         "oneDNN/BLAS scratch not counted)"},

@@ -45,6 +45,8 @@ def bench_command(
     head_dim: Annotated[int, typer.Option(help="Head dimension of the attention-layer benchmark.")] = 32,
     threads: Annotated[Optional[int], typer.Option(help="torch threads (default: as configured).")] = None,
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (medians are reported).")] = 5,
+    clock: Annotated[str, typer.Option(help="wall, or cpu: the process's CPU time (with --threads 1 it does not count "
+                                             "time other processes take; attention-layer and model runs).")] = "wall",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up repetitions.")] = 2,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure peak extra memory.")] = True,
 ):
@@ -58,6 +60,8 @@ def bench_command(
     from ..model_bench import bench_folder, is_converted_folder, run_long_bench
 
     cap = None if softmax_max_gib is None else int(softmax_max_gib * 2**30)
+    if clock != "wall" and (long or is_converted_folder(model)):
+        raise LinearizeError("--clock applies to the attention-layer and model bench, not to --long or a converted folder")
     common = dict(batch_size=batch_size, threads=threads, repeats=repeats, warmup=warmup, memory=memory,
                   log=console.print)
     if long:
@@ -74,5 +78,6 @@ def bench_command(
         result = run_bench(out, methods=methods or None, seq_lens=_ints(seq_lens) if seq_lens else DEFAULT_SEQ_LENS,
                            num_heads=num_heads, head_dim=head_dim,
                            model=None if (model or "none").lower() == "none" else model,
-                           model_seq_lens=_ints(model_seq_lens) if model_seq_lens else DEFAULT_MODEL_SEQ_LENS, **common)
+                           model_seq_lens=_ints(model_seq_lens) if model_seq_lens else DEFAULT_MODEL_SEQ_LENS,
+                           clock=clock, **common)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
