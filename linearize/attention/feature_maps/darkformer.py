@@ -20,7 +20,7 @@ from torch import nn
 
 from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
-from .performer import features_from_projection
+from .performer import LOG2_E, features_from_projection
 
 
 @dataclass
@@ -77,9 +77,10 @@ class DarkformerFeatureMap(FeatureMap):
         self.metric.copy_(metric.to(self.metric.dtype))
 
     def forward(self, x, mask=None):
-        # One product gives both zᵢᵀ(Mx) and Mx (for ‖Mx‖²): x times [zM; M]ᵀ, [H, m + r, d].
+        # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
+        # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d].
         metric = self.cast(self.metric, x)
-        weight = torch.cat([torch.matmul(self.cast(self.z, x), metric), metric], dim=1)
+        weight = torch.cat([torch.matmul(self.cast(self.z, x) * LOG2_E, metric), metric], dim=1)
         both = torch.matmul(x, weight.transpose(1, 2))  # [B,H,N,m+r]
         embedded = both[..., self.num_features:]
         return features_from_projection(both[..., :self.num_features], embedded.pow(2).sum(dim=-1, keepdim=True),
