@@ -151,14 +151,10 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
 
 def _real_value_sums(v, mask, padded):
     """``(Σ_j v_j [B*H, 1, d], n [B*H, 1, 1])`` over the real keys (all keys without padding)."""
-    batch, heads, seq, dim_v = v.shape
+    heads, dim_v = v.shape[1], v.shape[-1]
     vf = v.float()
-    if padded:
-        real_v = mask[:, None, None, :] @ vf
-        n_real = mask.sum(dim=1).repeat_interleave(heads)
-    else:
-        real_v = vf.sum(dim=2, keepdim=True)
-        n_real = torch.full((batch * heads,), float(seq), device=v.device)
+    real_v = mask[:, None, None, :] @ vf if padded else vf.sum(dim=2, keepdim=True)
+    n_real = mask.sum(dim=1).repeat_interleave(heads)  # the mask is all ones without padding
     return real_v.reshape(-1, 1, dim_v), n_real.reshape(-1, 1, 1)
 
 
