@@ -13,7 +13,8 @@
 
 How it is measured:
 
-- Latency: wall-clock ``time.perf_counter`` of one forward under ``torch.inference_mode``,
+- Latency: wall-clock ``time.perf_counter`` (or, ``clock="cpu"``, the process's CPU time) of one
+  forward under ``torch.inference_mode`` (on CUDA bracketed by ``torch.cuda.synchronize()``),
   ``warmup`` untimed rounds then ``repeats`` timed rounds. Every round runs every candidate once,
   in an order rotated each round, so machine drift and neighbours' load hit all candidates alike.
   Reported: the median (and min/max) per candidate, and ratios against sdpa.
@@ -22,6 +23,7 @@ How it is measured:
   every allocation and free; the peak of their running sum is reported. Memory that bypasses
   ATen's allocator (oneDNN/BLAS scratch, thread stacks) and allocator fragmentation are not
   counted. A separate, untimed forward is profiled, so profiling overhead never enters latency.
+  On CUDA: ``torch.cuda.max_memory_allocated`` during that forward minus what was allocated before.
 - Eager softmax is skipped where its two N×N matrices would exceed ``eager_max_bytes``.
 
 Outputs in ``out_dir``: ``bench.json`` (all numbers, machine info, crossovers; written
@@ -152,10 +154,10 @@ def _load_average():
 
 def _timed(fn, placement=CPU):
     placement.synchronize()  # CUDA: earlier kernels are not this call's time
-    start = time.perf_counter()
+    start = placement.now()
     out = fn()
     placement.synchronize()  # CUDA: the call's kernels are queued, not done, when it returns
-    elapsed = time.perf_counter() - start
+    elapsed = placement.now() - start
     del out
     return elapsed
 
@@ -555,8 +557,9 @@ def markdown_report(result):
              *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
              f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
              f"{cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed "
-             "rounds, candidates interleaved; medians in ms. ×sdpa = sdpa time / method time (above 1: faster than "
-             "sdpa).",
+             f"rounds, candidates interleaved; medians in ms of "
+             f"{'process CPU time' if cfg.get('clock') == 'cpu' else 'wall-clock time'}. ×sdpa = sdpa time / method "
+             "time (above 1: faster than sdpa).",
              "Peak memory: extra MiB allocated during one forward, output included (CPU: PyTorch's allocator through "
              "torch.profiler memory events; CUDA: torch.cuda.max_memory_allocated).", ""]
     rows = result["attention"]
@@ -699,7 +702,7 @@ def _atomic_write_bytes(path, data):
 
 def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
               threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
-              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32"):
+              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):
     """Benchmark linear attention against softmax; write ``bench.json``, ``bench.md``, ``bench.png``.
 
     ``methods``: method names (default: every registered method but ``softmax``), ``(name,
@@ -709,7 +712,9 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     to skip the whole-model part. ``memory``: also profile peak memory. ``log``: a callable for
     progress lines (None: silent). ``device`` (``cpu``, ``cuda``) and ``dtype`` (``fp32``, ``bf16``,
     ``fp16``): where and in what precision everything runs (:class:`linearize.placement.Placement`);
-    on CUDA, SDPA's flash and memory-efficient kernels are measured beside its dispatch.
+    on CUDA, SDPA's flash and memory-efficient kernels are measured beside its dispatch. ``clock``:
+    ``"wall"`` (default) or ``"cpu"`` (the process's CPU time: with ``threads=1``, robust to other
+    processes on a shared machine).
 
     Returns the dict written to ``bench.json``: ``machine``, ``config``, ``methods``,
     ``attention`` (one row per length: ``results[label]`` with ``median_ms``, ``min_ms``,
@@ -724,7 +729,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     if not seq_lens or min(seq_lens) < 1:
         raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = _method_specs(methods)
-    placement = Placement.parse(device, dtype)
+    placement = Placement.parse(device, dtype, clock)  # a bad device, dtype or clock fails before any timing
     labels = [label for label, _, _ in specs]
     saved_threads = torch.get_num_threads()
     set_threads(threads)
@@ -749,8 +754,9 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
                        **placement.record(), "repeats": repeats, "warmup": warmup, "memory": memory,
                        "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
                        "methods": {label: {"method": name, "options": options} for label, name, options in specs},
-                       "timing": "wall clock per forward under torch.inference_mode; candidates interleaved "
-                                 "(order rotated each round); medians of the timed rounds",
+                       "timing": f"{'wall clock' if clock == 'wall' else 'process CPU time'} per forward under "
+                                 "torch.inference_mode; candidates interleaved (order rotated each round); medians "
+                                 "of the timed rounds",
                        "memory_method": "CUDA: torch.cuda.max_memory_allocated during one separate forward minus "
                                         "the bytes allocated before it" if placement.is_cuda else
                                         "peak of the running sum of torch.profiler CPU allocation events during "

@@ -284,14 +284,14 @@ def long_targets(rows, labels, reference):
 
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print, device="cpu", dtype="fp32"):
+                   log=print, device="cpu", dtype="fp32", clock="wall"):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
     :func:`linearize.bench.run_bench` takes them (default :func:`default_long_methods`).
     ``softmax_max_bytes``: the memory cap of :func:`softmax_skip_reason` (default: half the
-    machine's memory; on CUDA half the GPU's). ``device`` / ``dtype``: as
-    :func:`linearize.bench.run_bench`. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
+    machine's memory; on CUDA half the GPU's). ``device`` / ``dtype`` / ``clock``:
+    as :func:`linearize.bench.run_bench`. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
     ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
     ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
     ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
@@ -301,7 +301,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
         raise LinearizeError(f"lengths must be positive, repeats ≥ 1 and warmup ≥ 0; got {seq_lens}, {repeats}, "
                              f"{warmup}")
     specs = _method_specs(default_long_methods() if methods is None else methods)
-    placement = Placement.parse(device, dtype)
+    placement = Placement.parse(device, dtype, clock)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     out_dir = Path(out_dir)
@@ -355,7 +355,7 @@ def is_converted_folder(path):
 
 
 def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, threads=None, repeats=5, warmup=2,
-                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32"):
+                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):
     """A converted model folder against its softmax original (same weights, ``linearize.revert``);
     the result is written atomically to ``directory/bench.json`` and returned.
 
@@ -385,7 +385,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
                              f"--model-seq-lens with lengths ≤ {limit}")
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
-    placement = Placement.parse(device, dtype)
+    placement = Placement.parse(device, dtype, clock)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
     with measuring(threads) as machine:

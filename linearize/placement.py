@@ -1,4 +1,4 @@
-"""Where a benchmark runs: device and dtype, and how to time and measure memory there.
+"""Where a benchmark runs (device and dtype) and how it is timed, and memory measured, there.
 
 On CPU a forward is done when the call returns and PyTorch's CPU allocator is read through
 ``torch.profiler``'s memory events (``linearize.bench.peak_extra_memory``). On CUDA kernels run
@@ -8,6 +8,7 @@ asynchronously, so every timed call is bracketed by ``torch.cuda.synchronize()``
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -15,19 +16,27 @@ import torch
 from .errors import LinearizeError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: what a latency is measured with: wall clock, or the process's CPU time (with one thread, the time
+#: the forward itself computed, whatever other processes take from the machine meanwhile)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass(frozen=True)
 class Placement:
-    """A device (``cpu``, ``cuda``, ``cuda:1``) and a dtype name (``fp32``, ``bf16``, ``fp16``)."""
+    """A device (``cpu``, ``cuda``, ``cuda:1``), a dtype name (``fp32``, ``bf16``, ``fp16``) and a
+    clock (``wall``, or ``cpu``: the process's CPU time)."""
 
     device: str = "cpu"
     dtype: str = "fp32"
+    clock: str = "wall"
 
     @classmethod
-    def parse(cls, device="cpu", dtype="fp32"):
-        """A checked placement: a one-line error for a device this machine lacks or a dtype it cannot run."""
+    def parse(cls, device="cpu", dtype="fp32", clock="wall"):
+        """A checked placement: a one-line error for a device this machine lacks, a dtype it cannot
+        run or an unknown clock."""
         device, dtype = str(device or "cpu").lower(), str(dtype or "fp32").lower()
+        if clock not in CLOCKS:
+            raise LinearizeError(f"unknown clock {clock!r}; use one of: {', '.join(CLOCKS)}")
         if dtype not in DTYPES:
             raise LinearizeError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         kind = device.split(":")[0]
@@ -39,7 +48,9 @@ class Placement:
         if kind == "cpu" and dtype == "fp16":
             raise LinearizeError("--dtype fp16 needs --device cuda (CPU kernels in fp16 are slow emulations); use "
                                  "bf16 or fp32 on CPU")
-        return cls(device, dtype)
+        if kind == "cuda" and clock == "cpu":
+            raise LinearizeError("--clock cpu counts this process's CPU time, not the GPU's: use the wall clock on cuda")
+        return cls(device, dtype, clock)
 
     @property
     def is_cuda(self):
@@ -48,6 +59,10 @@ class Placement:
     @property
     def torch_dtype(self):
         return DTYPES[self.dtype]
+
+    def now(self):
+        """The clock's reading in seconds."""
+        return CLOCKS[self.clock]()
 
     def synchronize(self):
         """Wait for the device's queued kernels (nothing to wait for on CPU)."""
@@ -87,7 +102,7 @@ class Placement:
     def record(self):
         """What a benchmark's ``config`` records of the placement."""
         return {"device": self.device, "dtype": str(self.torch_dtype).replace("torch.", ""),
-                "placement": self.describe()}
+                "placement": self.describe(), "clock": self.clock}
 
     def describe(self):
         """``"cpu, float32"`` or ``"cuda (NVIDIA H100 80GB HBM3), bfloat16"``."""

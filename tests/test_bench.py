@@ -49,6 +49,21 @@ def test_eager_is_skipped_beyond_its_memory_budget(tmp_path):
     assert "| skipped |" in (tmp_path / "bench.md").read_text() or "skipped" in (tmp_path / "bench.md").read_text()
 
 
+def test_cpu_clock_is_recorded_and_an_unknown_clock_is_refused(tmp_path):
+    import pytest
+
+    from linearize.bench import run_bench
+    from linearize.errors import LinearizeError
+
+    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8,), num_heads=1, head_dim=4, repeats=2, warmup=0,
+                       threads=1, memory=False, log=None, clock="cpu")
+    assert result["config"]["clock"] == "cpu" and "process CPU time" in result["config"]["timing"]
+    assert all(entry["runs"] == 2 and entry["median_ms"] >= 0 for entry in result["attention"][0]["results"].values())
+    assert "process CPU time" in (tmp_path / "bench.md").read_text()
+    with pytest.raises(LinearizeError, match="unknown clock 'gpu'; use one of: wall, cpu"):
+        run_bench(tmp_path, methods=["relu"], seq_lens=(8,), log=None, clock="gpu")
+
+
 def test_method_list_takes_options_in_parentheses():
     import pytest
 

@@ -184,6 +184,32 @@ def test_fast_linear_path_equals_quadratic_reference_in_inference(name, options,
         assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in CASES])
+def test_linear_path_gradients_equal_the_quadratic_reference(name, options, padded):
+    """Training (autograd, one-shot path: separate numerator and normaliser products, in-place
+    steps only where autograd does not need their input) gives the quadratic form's gradients."""
+    torch.manual_seed(1)
+    fm = create_feature_map(name, D, H, **options)
+    if not fm.nonnegative:  # Flexformer: a nearly cancelling normaliser amplifies rounding in both forms
+        pytest.skip("kernel values can be negative: gradients are ill-conditioned in both forms alike")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))
+    mask = None
+    if padded:
+        mask = torch.ones(B, N)
+        mask[0, -4:] = 0
+    grads = []
+    for attention in (linear_attention, quadratic_attention):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        fm.zero_grad()
+        out = attention(*inputs, fm, mask)
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(3))).sum().backward()
+        grads.append([t.grad for t in inputs] + [p.grad for p in fm.parameters() if p.requires_grad])
+    for fast, reference in zip(*grads):
+        torch.testing.assert_close(fast, reference, atol=1e-4, rtol=1e-3)
+
+
 def map_and_cross_length_inputs(name, queries, keys, seed):
     """``(fm, q, k, v)``: an eval-mode feature map (seeded with ``seed``) and one sequence of
     ``queries`` queries against ``keys`` keys (seeded with ``seed + 1``)."""

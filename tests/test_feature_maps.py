@@ -172,6 +172,25 @@ def test_performer_features_match_direct_formula():
     torch.testing.assert_close(linear_attention_weights(q, k, fm, mask), expected, atol=1e-5, rtol=1e-4)
 
 
+def test_darkformer_features_match_direct_formula():
+    """One product with [zM; M] equals DARKFormer eq. 3 evaluated step by step: x̃ = Mx, then
+    exp(zᵀx̃ − ‖x̃‖²/2)/√m (a learned, non-identity M)."""
+    fm = create_feature_map("darkformer", D, H, num_features=32, rank=D // 2, seed=3)
+    with torch.no_grad():
+        fm.metric.add_(0.3 * torch.randn_like(fm.metric))
+    q, k, v, mask = random_qkv(8, scale=0.5)
+    x_q, x_k = q * D**-0.25, k * D**-0.25
+
+    def phi(x):
+        embedded = torch.einsum("bhnd,hrd->bhnr", x, fm.metric)
+        return torch.exp(torch.einsum("bhnr,hmr->bhnm", embedded, fm.z) - embedded.pow(2).sum(-1, keepdim=True) / 2) / math.sqrt(32)
+
+    with torch.no_grad():
+        kappa = phi(x_q) @ phi(x_k).transpose(-1, -2) * mask[:, None, None, :]
+        expected = kappa / kappa.sum(-1, keepdim=True)
+        torch.testing.assert_close(linear_attention_weights(q, k, fm, mask), expected, atol=1e-5, rtol=1e-4)
+
+
 def test_flexformer_features_match_direct_formula():
     for name in ("flexformer-s", "flexformer-n"):
         fm = make(name, {})

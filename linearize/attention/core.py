@@ -109,7 +109,9 @@ def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
         if padded:
             factor = factor.masked_fill(key_mask == 0, 0.0)
         factor = torch.exp(factor)  # [B,H,Nk,1]: one multiply of the features below
-        phi_k = phi_k * (factor * key_mask if padded else factor)
+        factor = factor * key_mask if padded else factor
+        # in place (no new full-size tensor) unless autograd needs the map's output
+        phi_k = phi_k * factor if torch.is_grad_enabled() and phi_k.requires_grad else phi_k.mul_(factor)
     elif padded:
         phi_k = phi_k * key_mask
     return phi_q, phi_k, mask
@@ -121,10 +123,9 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     Katharopoulos et al. 2020, eq. 5-6, with the guarded normaliser described in the module
     docstring. Returns a tensor shaped and typed like ``v`` (but with ``q``'s sequence length).
 
-    Two batched matrix products do all the work: ``V`` gets a column of ones, so
-    ``φ(K)ᵀ[V, 1]`` holds the state ``Σ φ(k_j) v_jᵀ`` and the normaliser sums ``Σ φ(k_j)`` side
-    by side, and ``φ(Q)·that`` (with the ε terms as the added bias of one ``baddbmm``) gives
-    numerator and denominator together.
+    Two batched matrix products do the work: the state ``Σ φ(k_j) v_jᵀ = φ(K)ᵀV`` and the
+    numerator ``φ(Q)·state`` (the ε term as the added bias of one ``baddbmm``); the normaliser
+    is ``φ(Q)·Σ φ(k_j)``, a multiply-and-sum (see :func:`_normalised_output`).
 
     Inference (no gradient needed) with a chunkable map (``feature_map.chunkable``) runs over
     the sequence in chunks of ``chunk_size`` tokens (default: about ``CHUNK_ELEMENTS`` feature
@@ -137,22 +138,36 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
         if max(q.shape[2], k.shape[2]) > chunk and k.shape[2] > 0:
             return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
-    vf = v.float()
     batch, heads, seq_q, dim_f = phi_q.shape
-    dim_v = vf.shape[-1]
-    v_one = torch.cat([vf, vf.new_ones(()).expand(*vf.shape[:-1], 1)], dim=-1)  # [B,H,Nk,d+1]
-    state = phi_k.transpose(-1, -2) @ v_one  # [B,H,D,d+1]: [Σ φ(k_j) v_jᵀ, Σ φ(k_j)]
-    if key_padding_mask is None:
-        real = v_one.sum(dim=2, keepdim=True)  # [B,H,1,d+1]: [Σ v_j, n]
-    else:
-        real = mask[:, None, None, :] @ v_one  # sums over real keys only
-    n_real = real[..., dim_v:].clamp_min(1.0)
-    bias = torch.cat([real[..., :dim_v] * (eps / n_real), torch.full_like(n_real, eps)], dim=-1)
-    rows = batch * heads
-    num_den = torch.baddbmm(bias.reshape(rows, 1, dim_v + 1), phi_q.reshape(rows, seq_q, dim_f),
-                            state.reshape(rows, dim_f, dim_v + 1)).view(batch, heads, seq_q, dim_v + 1)
-    out = num_den[..., :dim_v] / _guard(num_den[..., dim_v:], eps, feature_map)
-    return _cast_finite(out, v.dtype)
+    rows, dim_v = batch * heads, v.shape[-1]
+    vf = v.float().reshape(rows, -1, dim_v)
+    keys = phi_k.reshape(rows, -1, dim_f)
+    state = torch.bmm(keys.transpose(1, 2), vf)  # [B*H, D, d]: Σ φ(k_j) v_jᵀ
+    key_sum = keys.sum(dim=1, keepdim=True)  # [B*H, 1, D]: Σ φ(k_j)
+    real_v, n_real = _real_value_sums(v, mask, key_padding_mask is not None)
+    out = _normalised_output(phi_q.reshape(rows, seq_q, dim_f), state, key_sum, real_v, n_real, eps, feature_map)
+    return _cast_finite(out.view(batch, heads, seq_q, dim_v), v.dtype)
+
+
+def _real_value_sums(v, mask, padded):
+    """``(Σ_j v_j [B*H, 1, d], n [B*H, 1, 1])`` over the real keys (all keys without padding)."""
+    heads, dim_v = v.shape[1], v.shape[-1]
+    vf = v.float()
+    real_v = mask[:, None, None, :] @ vf if padded else vf.sum(dim=2, keepdim=True)
+    n_real = mask.sum(dim=1).repeat_interleave(heads)  # the mask is all ones without padding
+    return real_v.reshape(-1, 1, dim_v), n_real.reshape(-1, 1, 1)
+
+
+def _normalised_output(phi_q, state, key_sum, real_v, n_real, eps, feature_map):
+    """``(φ(q)·state + ε/n·Σv) / (φ(q)·Σφ(k) + ε)`` for ``phi_q [R, Nq, D]``, ``state [R, D, d]``,
+    ``key_sum [R, 1, D]``, ``real_v [R, 1, d]``, ``n_real [R, 1, 1]`` (the guarded normaliser of the
+    module docstring). Numerator and normaliser are separate products: a ``[D, d+1]`` state (the
+    normaliser as an extra column) costs ~40% more in the CPU's GEMM kernels than ``[D, d]``, and
+    a batched matrix-vector product more than a multiply-and-sum."""
+    n_real = n_real.clamp_min(1.0)
+    num = torch.baddbmm(real_v * (eps / n_real), phi_q, state)  # [R, Nq, d]
+    den = (phi_q * key_sum).sum(dim=-1, keepdim=True).add_(eps)  # [R, Nq, 1]
+    return num.div_(_guard(den, eps, feature_map))
 
 
 #: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (2 MiB fp32):
@@ -193,7 +208,7 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     rows = batch * heads
     padded = key_padding_mask is not None
     mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
-    state = top = None  # [B*H, D, d+1] and the running max of the keys' log-scales [B,H,1,1]
+    state = key_sum = top = None  # [B*H, D, d], [B*H, 1, D] and the running max of the keys' log-scales [B,H,1,1]
     for start in range(0, seq_k, chunk):  # every temporary is chunk-sized: no full-length copy
         stop = min(start + chunk, seq_k)
         part = mask[:, start:stop]
@@ -209,37 +224,32 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
                 if state is not None:
                     rescale = torch.where(torch.isfinite(top), torch.exp(top - new_top), torch.zeros_like(top))
                     state.mul_(rescale.reshape(rows, 1, 1))
+                    key_sum.mul_(rescale.reshape(rows, 1, 1))
                 top = new_top
             shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
             factor = (log - shift).clamp_max(0.0)
             if padded:
                 factor = factor.masked_fill(keep == 0, 0.0)
             factor = torch.exp(factor)
-            phi = phi * (factor * keep if padded else factor)
+            phi = phi.mul_(factor * keep if padded else factor)  # no autograd here: in place
         elif padded:
-            phi = phi * keep
-        values = v[:, :, start:stop].float()
-        values = torch.cat([values, values.new_ones(()).expand(*values.shape[:-1], 1)], dim=-1)  # [v_j, 1]
-        phi = phi.reshape(rows, stop - start, -1).transpose(1, 2)
-        values = values.reshape(rows, stop - start, dim_v + 1)
-        state = torch.bmm(phi, values) if state is None else state.baddbmm_(phi, values)
-    vf = v.float()
-    if padded:
-        real_v = (mask[:, None, None, :] @ vf).reshape(rows, 1, dim_v)  # Σ v_j over real keys
-        n_real = mask.sum(dim=1).repeat_interleave(heads).reshape(rows, 1, 1)
-    else:
-        real_v = vf.sum(dim=2).reshape(rows, 1, dim_v)
-        n_real = torch.full((rows, 1, 1), float(seq_k), device=vf.device)
-    n_real = n_real.clamp_min(1.0)
-    bias = torch.cat([real_v * (eps / n_real), torch.full_like(n_real, eps)], dim=-1)  # [B*H, 1, d+1]
+            phi = phi.mul_(keep)
+        values = v[:, :, start:stop].float().reshape(rows, stop - start, dim_v)
+        phi = phi.reshape(rows, stop - start, -1)
+        if state is None:
+            state, key_sum = torch.bmm(phi.transpose(1, 2), values), phi.sum(dim=1, keepdim=True)
+        else:
+            state.baddbmm_(phi.transpose(1, 2), values)
+            key_sum += phi.sum(dim=1, keepdim=True)
+    real_v, n_real = _real_value_sums(v, mask, padded)
     out = torch.empty(batch, heads, seq_q, dim_v, dtype=v.dtype, device=v.device)
     # the queries' own mask: the keys' one for self-attention, else all real (as a None mask is)
     query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
     for start in range(0, seq_q, chunk):
         stop = min(start + chunk, seq_q)
         phi, _ = feature_map.chunk_features(q[:, :, start:stop].float() * root, query_mask, start)
-        num_den = torch.baddbmm(bias, phi.reshape(rows, stop - start, -1), state)  # [B*H, c, d+1]
-        part = num_den[..., :dim_v] / _guard(num_den[..., dim_v:], eps, feature_map)
+        part = _normalised_output(phi.reshape(rows, stop - start, -1), state, key_sum, real_v, n_real, eps,
+                                  feature_map)
         out[:, :, start:stop] = _cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
     return out
 

@@ -48,6 +48,8 @@ def bench_command(
                                              "flash and memory-efficient kernels are timed too.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (fp16 on cuda only).")] = "fp32",
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (medians are reported).")] = 5,
+    clock: Annotated[str, typer.Option(help="wall, or cpu: the process's CPU time (with --threads 1 it does not count "
+                                             "time other processes take).")] = "wall",
     warmup: Annotated[int, typer.Option(help="Untimed warm-up repetitions.")] = 2,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure peak extra memory.")] = True,
 ):
@@ -63,7 +65,7 @@ def bench_command(
 
     cap = None if softmax_max_gib is None else int(softmax_max_gib * 2**30)
     common = dict(batch_size=batch_size, threads=threads, repeats=repeats, warmup=warmup, memory=memory,
-                  device=device, dtype=dtype, log=console.print)
+                  device=device, dtype=dtype, clock=clock, log=console.print)
     if long:
         result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
                                 methods=methods or None, softmax_max_bytes=cap,

@@ -20,7 +20,7 @@ from torch import nn
 
 from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
-from .performer import positive_random_features
+from .performer import LOG2_E, features_from_projection
 
 
 @dataclass
@@ -77,5 +77,11 @@ class DarkformerFeatureMap(FeatureMap):
         self.metric.copy_(metric.to(self.metric.dtype))
 
     def forward(self, x, mask=None):
-        embedded = torch.einsum("bhnd,hrd->bhnr", x, self.cast(self.metric, x))
-        return positive_random_features(embedded, self.cast(self.z, x), self.num_features)
+        # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
+        # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d].
+        metric = self.cast(self.metric, x)
+        weight = torch.cat([torch.matmul(self.cast(self.z, x) * LOG2_E, metric), metric], dim=1)
+        both = torch.matmul(x, weight.transpose(1, 2))  # [B,H,N,m+r]
+        embedded = both[..., self.num_features:]
+        return features_from_projection(both[..., :self.num_features], embedded.pow(2).sum(dim=-1, keepdim=True),
+                                        self.num_features)

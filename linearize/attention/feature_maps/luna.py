@@ -46,6 +46,14 @@ from ...errors import LinearizeError
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
+def piecewise_linear(u, table, index):
+    """``relu(slope[i]·u + intercept[i])``, ``i = index``: the value of :class:`PiecewiseLinear`
+    (called directly when no gradient is needed: no autograd bookkeeping, no saved mask)."""
+    channels = table.shape[1] // 2
+    rows = table.index_select(0, index)  # [n, 2L]
+    return torch.addcmul(rows[:, channels:], rows[:, :channels], u[:, None]).relu_()
+
+
 class PiecewiseLinear(torch.autograd.Function):
     """``relu(slope[i]·u + intercept[i])`` with ``i = index`` (ψ by knot lookup, see
     :meth:`LunaFeatureMap.psi_lookup`): ``u [n]``, ``table [G+1, 2L]`` (L slopes, L intercepts),
@@ -59,9 +67,7 @@ class PiecewiseLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, table, index):
-        channels = table.shape[1] // 2
-        rows = table.index_select(0, index)  # [n, 2L]
-        out = torch.addcmul(rows[:, channels:], rows[:, :channels], u[:, None]).relu_()
+        out = piecewise_linear(u, table, index)
         ctx.save_for_backward(u, table, index, out > 0)
         return out
 
@@ -201,7 +207,11 @@ class LunaFeatureMap(FeatureMap):
         """
         table, structure = self._psi_table(u.dtype, u.device, float(scale))
         flat = u.reshape(-1)
-        out = PiecewiseLinear.apply(flat, table, self.knot_index(flat.detach(), structure))  # [n, L]
+        index = self.knot_index(flat.detach(), structure)
+        if torch.is_grad_enabled() and (flat.requires_grad or table.requires_grad):
+            out = PiecewiseLinear.apply(flat, table, index)  # [n, L]
+        else:
+            out = piecewise_linear(flat, table, index)
         return out.view(*u.shape, self.channels)
 
     @staticmethod
@@ -217,11 +227,12 @@ class LunaFeatureMap(FeatureMap):
         if grid is None:
             return torch.bucketize(flat, lookup["knots"], right=True)
         cell = torch.addcmul(grid["offset"], flat, grid["inverse_width"])  # u/w + offset
-        cell = cell.nan_to_num_(0.0).clamp_(0.0, grid["cells"] + 1).to(torch.int64)  # floor (>= 0)
-        index = grid["base"].take(cell)
-        for candidates in grid["candidates"]:  # NaN pads a cell with fewer knots: never counted
-            index += flat >= candidates.take(cell)
-        return index
+        cell = cell.nan_to_num_(0.0).clamp_(0.0, grid["cells"] + 1).to(torch.int32)  # floor (>= 0)
+        rows = grid["rows"].index_select(0, cell)  # [n, 1 + candidates]: one gather for all
+        index = rows[:, 0].clone()
+        for column in range(1, rows.shape[1]):  # NaN pads a cell with fewer knots: never counted
+            index += flat >= rows[:, column]
+        return index.to(torch.int32)
 
     def _psi_params(self):
         return (self.mlp_w1, self.mlp_b1, self.mlp_w2, self.mlp_b2)
@@ -294,9 +305,9 @@ class LunaFeatureMap(FeatureMap):
 
         The cell of ``u`` is ``floor(u·(1/w) + offset)`` clamped to ``[0, C+1]``, evaluated in
         ``knots.dtype`` with ``offset = 1 − low/w``: cell 0 is left of the lowest knot, cells
-        1..C split ``[low, low + C·w)``, cell C+1 is the rest. Per cell: ``base`` = #knots left of
-        the cell minus a margin, ``candidates`` = the knots within the cell plus the margin on
-        both sides (padded with NaN). The rounding error of the cell arithmetic is below
+        1..C split ``[low, low + C·w)``, cell C+1 is the rest. Per cell, one row of ``rows``: the
+        number of knots left of the cell minus a margin, then the knots within the cell plus the
+        margin on both sides (padded with NaN), so one gather serves the lookup. The rounding error of the cell arithmetic is below
         ``(2·max|knot|/w + C)·2⁻²⁴`` cells, kept below 1/16 (C <= 2^16, max|knot|/w <= 2^19);
         the margin is a quarter cell. The C (a power of two up to ``max_cells``) with the fewest
         candidates per cell is chosen (the smallest among ties); more than ``max_candidates``: no
@@ -335,9 +346,10 @@ class LunaFeatureMap(FeatureMap):
         offsets = torch.arange(widest)[:, None]
         candidates = torch.where(base[None, :] + offsets < end[None, :], padded[base[None, :] + offsets], torch.nan)
         scalar = dict(dtype=knots.dtype, device=device)
+        # per cell: the knots left of it (a count, exact in float) then its candidates, one row
+        rows = torch.cat([(base + left_infinite)[:, None].to(torch.float64), candidates.T], dim=1)
         return {"offset": torch.tensor(offset, **scalar), "inverse_width": torch.tensor(inverse_width, **scalar),
-                "cells": cells, "base": (base + left_infinite).to(device=device, dtype=torch.int32),
-                "candidates": [row.to(**scalar) for row in candidates]}
+                "cells": cells, "rows": rows.to(**scalar).contiguous()}
 
     def forward(self, x, mask=None):
         u = self.project(x)

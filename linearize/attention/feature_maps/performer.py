@@ -45,10 +45,22 @@ def positive_random_features(x, omega, num_features):
     ``log φ_i = ωᵢᵀx − ‖x‖²/2 − ½ log m`` and ``s = max_i log φ_i``; the per-token terms cancel
     in ``log φ − s = ωᵢᵀx − max_j ωⱼᵀx``, so only the projection is touched at full width.
     """
-    proj = torch.matmul(x, omega.transpose(1, 2))  # [B,H,N,m]
+    proj = torch.matmul(x, (omega * LOG2_E).transpose(1, 2))  # [B,H,N,m], in base-2 log units
+    return features_from_projection(proj, x.pow(2).sum(dim=-1, keepdim=True), num_features)
+
+
+#: log₂(e): exp(a) = 2^(a·log₂ e), and ``exp2`` is about twice as fast as ``exp`` on CPU
+LOG2_E = 1.0 / math.log(2.0)
+
+
+def features_from_projection(proj, squared_norm, num_features):
+    """``(exp(a − a'), s)`` with ``a = ωᵢᵀx``, ``a' = max_i a_i`` and ``s = a' − ‖x‖²/2 − ½ log m``:
+    the log-space FAVOR+ features of :func:`positive_random_features`, from ``proj = a·log₂ e``
+    ``[..., m]`` (the factor folded into ω by the caller: the features are one ``exp2``) and
+    ``‖x‖²`` ``[..., 1]``."""
     top = proj.amax(dim=-1, keepdim=True)
-    shift = top - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - 0.5 * math.log(num_features)
-    return torch.exp(proj - top), shift
+    shift = top / LOG2_E - 0.5 * squared_norm - 0.5 * math.log(num_features)
+    return torch.sub(proj, top).exp2_(), shift  # in place: one pass over a fresh tensor
 
 
 @dataclass
