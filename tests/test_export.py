@@ -152,3 +152,24 @@ def test_missing_onnx_packages(missing, tmp_path, monkeypatch):
     assert len(text.splitlines()) == 1
     with pytest.raises(LinearizeError, match=missing):
         export(tmp_path / "m", check=True)
+
+
+@pytest.mark.slow
+def test_real_minilm_with_luna_through_the_cli(minilm_path, tmp_path):
+    """all-MiniLM-L6-v2 converted with LUNA: `linearize convert` then `linearize export`, and onnxruntime on
+    real sentences of two lengths (padded) equals PyTorch."""
+    session_packages = pytest.importorskip("onnxruntime")
+    folder, out = tmp_path / "minilm-luna", tmp_path / "minilm-luna.onnx"
+    assert runner.invoke(app, ["convert", minilm_path, "--method", "luna", "--out", str(folder)]).exit_code == 0
+    code, text = invoke(folder, "--out", out)
+    assert code == 0, text
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    model = linearize.load(folder)
+    session = session_packages.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for sentences in (["A short one.", "A somewhat longer sentence about a film that was rather good."],
+                      ["word " * 60, "and " * 200, "Three sentences, padded to the longest."]):
+        batch = tokenizer(sentences, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            expected = model(**batch).last_hidden_state
+        got = session.run(None, {key: value.numpy() for key, value in batch.items()})[0]
+        assert abs(got - expected.numpy()).max() <= 1e-4
