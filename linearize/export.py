@@ -100,9 +100,10 @@ def output_name(model, inputs):
         return next(iter(model(**inputs).keys()))
 
 
-def export(directory, out=None, format="onnx", check=True):
-    """Export the converted model folder ``directory`` to ``out`` (default ``directory/model.onnx``),
-    written atomically; ``check`` runs it in onnxruntime against PyTorch (:func:`check_onnx`).
+def export(directory, out=None, format="onnx", check=True, overwrite=False):
+    """Export the converted model folder ``directory`` (or a run folder's ``model/``) to ``out``
+    (default ``<model folder>/model.onnx``), written atomically; an existing ``out`` is replaced only
+    with ``overwrite``. ``check`` runs the graph in onnxruntime against PyTorch (:func:`check_onnx`).
 
     Returns ``{"path", "inputs", "output", "max_abs_difference" (None without check)}``."""
     from .convert import load
@@ -111,9 +112,13 @@ def export(directory, out=None, format="onnx", check=True):
         raise LinearizeError(f"unknown export format {format!r}; supported: {', '.join(FORMATS)}")
     require_onnx(check)
     directory = Path(directory).expanduser()
+    if not (directory / "config.json").is_file() and (directory / "model" / "config.json").is_file():
+        directory = directory / "model"  # a run folder (`linearize run`)
     out = Path(out).expanduser() if out is not None else directory / "model.onnx"
     if out.is_dir():
         raise LinearizeError(f"--out {out} is a folder; give a file name, e.g. --out {out / 'model.onnx'}")
+    if out.exists() and not overwrite:
+        raise LinearizeError(f"{out} exists; pass --overwrite to replace it")
     return export_model(load(directory), out, check)
 
 

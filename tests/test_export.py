@@ -113,12 +113,17 @@ def test_vision_model_exports_with_a_dynamic_batch(tmp_path):
 
 def test_cli_export_writes_and_checks(tmp_path):
     pytest.importorskip("onnxruntime")
-    folder = tmp_path / "model"
+    folder = tmp_path / "run" / "model"
     converted_bert("t2r", {}).save_pretrained(folder)
-    code = runner.invoke(app, ["export", str(folder)])
-    assert code.exit_code == 0, code.output
-    assert (folder / "model.onnx").is_file() and "max |difference|" in code.output
+    code, text = invoke(tmp_path / "run")  # a run folder: its model/
+    assert code == 0, text
+    assert (folder / "model.onnx").is_file() and "max |difference|" in text
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+    before = (folder / "model.onnx").stat().st_mtime_ns
+    code, text = invoke(folder)
+    assert code == 1 and text == f"error: {folder / 'model.onnx'} exists; pass --overwrite to replace it"
+    code, text = invoke(folder, "--no-check", "--overwrite")
+    assert code == 0 and "max |difference|" not in text and (folder / "model.onnx").stat().st_mtime_ns != before
 
 
 def invoke(*args):

@@ -14,12 +14,14 @@ from . import app, console, friendly_errors
 @app.command("export")
 @friendly_errors
 def export_command(
-    directory: Annotated[Path, typer.Argument(help="A converted model folder (from `linearize convert` or a run).")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-O", help="The file to write (default DIR/model.onnx).",
+    directory: Annotated[Path, typer.Argument(help="A converted model folder (`linearize convert`), or a run folder "
+                                                   "(`linearize run`: its model/).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-O", help="The file to write (default: model.onnx in the model folder).",
                                                 show_default=False)] = None,
     format: Annotated[str, typer.Option("--format", help="Export format: onnx.")] = "onnx",
     check: Annotated[bool, typer.Option("--check/--no-check", help="Run the exported graph in onnxruntime against "
                                                                    "PyTorch at another batch size and length.")] = True,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file.")] = False,
 ):
     """Export a converted model for inference outside PyTorch (ONNX Runtime, ...).
 
@@ -30,7 +32,7 @@ def export_command(
     """
     from ..export import CHECK_BATCH, CHECK_LENGTH, export
 
-    result = export(directory, out, format=format, check=check)
+    result = export(directory, out, format=format, check=check, overwrite=overwrite)
     console.print(f"wrote {escape(str(result['path']))}: inputs {', '.join(result['inputs'])} -> {result['output']}",
                   highlight=False, soft_wrap=True)
     if result["max_abs_difference"] is not None:
