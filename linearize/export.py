@@ -27,7 +27,7 @@ import torch
 from .errors import LinearizeError
 
 FORMATS = ("onnx",)
-#: the traced example: batch 2, 16 tokens (the second sequence padded); checked at batch 3, 27 tokens
+#: the traced example: batch 2, 16 tokens (the last sequence padded); checked at batch 3, 27 tokens
 TRACE_BATCH, TRACE_LENGTH, CHECK_BATCH, CHECK_LENGTH = 2, 16, 3, 27
 
 
