@@ -7,6 +7,10 @@
     model.save_pretrained("out"); linearize.load("out")   # timm models too (or linearize.save)
 """
 
+from .threads import prefer_passive_wait
+
+prefer_passive_wait()  # before torch loads: see linearize/threads.py
+
 from .attention import (FeatureMap, create_feature_map, linear_attention, linear_attention_weights,
                         method_options, methods, quadratic_attention, register_feature_map)
 

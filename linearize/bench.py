@@ -47,10 +47,15 @@ import torch.nn.functional as F
 
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
+from .placement import CPU, Placement
+from .threads import set_threads
 
 DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MODEL_SEQ_LENS = (128, 512)
 SDPA, EAGER = "sdpa", "eager"
+#: SDPA pinned to one of its CUDA kernels (benchmarked beside the dispatching ``sdpa`` on a GPU)
+SDPA_FLASH, SDPA_EFFICIENT = "sdpa (flash)", "sdpa (mem-efficient)"
+SOFTMAX_LABELS = (SDPA, SDPA_FLASH, SDPA_EFFICIENT, EAGER)
 #: the targets of the benchmark issue (speedup of every method over sdpa at one length)
 ATTENTION_TARGET = {"seq_len": 4096, "min_speedup": 4.0}
 MODEL_TARGET = {"seq_len": 512, "max_ratio": 1.0}
@@ -95,6 +100,8 @@ def machine_info():
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"),
         "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "mkl": bool(torch.backends.mkl.is_available()),
         "load_average_start": _load_average(),
@@ -143,9 +150,11 @@ def _load_average():
 
 # ---- measurement primitives ----------------------------------------------------------------------
 
-def _timed(fn):
+def _timed(fn, placement=CPU):
+    placement.synchronize()  # CUDA: earlier kernels are not this call's time
     start = time.perf_counter()
     out = fn()
+    placement.synchronize()  # CUDA: the call's kernels are queued, not done, when it returns
     elapsed = time.perf_counter() - start
     del out
     return elapsed
@@ -189,14 +198,18 @@ def _memory_events(prof):
             if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
 
 
-def peak_extra_memory(fn):
+def peak_extra_memory(fn, placement=CPU):
     """Peak bytes allocated by PyTorch's CPU allocator while ``fn()`` runs (its output included).
 
     Allocations live before the call (inputs, weights) are not counted; every allocation and
     free during the call is, via ``torch.profiler`` memory profiling, and the peak of the running
-    sum is returned.
+    sum is returned. On CUDA: the device allocator's peak above the bytes allocated before
+    (:meth:`linearize.placement.Placement.peak_extra_bytes`).
     """
     from torch.profiler import ProfilerActivity, profile
+
+    if placement.is_cuda:
+        return placement.peak_extra_bytes(fn)
 
     with _quiet_stderr():
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -214,7 +227,7 @@ def _summary(seconds):
     return {"median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1], "runs": len(ms)}
 
 
-def interleaved_times(candidates, repeats, warmup):
+def interleaved_times(candidates, repeats, warmup, placement=CPU):
     """Time every candidate ``warmup + repeats`` rounds, all candidates once per round, in an order
     rotated each round; return ``{label: [seconds of the timed rounds]}``."""
     labels = list(candidates)
@@ -222,7 +235,7 @@ def interleaved_times(candidates, repeats, warmup):
     for round_index in range(warmup + repeats):
         shift = round_index % max(len(labels), 1)
         for label in labels[shift:] + labels[:shift]:
-            elapsed = _timed(candidates[label])
+            elapsed = _timed(candidates[label], placement)
             if round_index >= warmup:
                 times[label].append(elapsed)
     return times
@@ -230,11 +243,11 @@ def interleaved_times(candidates, repeats, warmup):
 
 # ---- attention layer -----------------------------------------------------------------------------
 
-def _measure(candidates, repeats, warmup, memory, reference, ratio_key):
+def _measure(candidates, repeats, warmup, memory, reference, ratio_key, placement=CPU):
     """``{label: summary}`` of interleaved timings (and peak memory) with each time ÷ ``reference``'s."""
     with torch.inference_mode():
-        times = interleaved_times(candidates, repeats, warmup)
-        peaks = {label: peak_extra_memory(fn) for label, fn in candidates.items()} if memory else {}
+        times = interleaved_times(candidates, repeats, warmup, placement)
+        peaks = {label: peak_extra_memory(fn, placement) for label, fn in candidates.items()} if memory else {}
     results = {}
     for label in candidates:
         entry = _summary(times[label])
@@ -305,36 +318,60 @@ def _method_specs(methods):
         name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
         check_method_options(name, options)  # before any timing: a typo fails at once
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
-        if label in (SDPA, EAGER) or label in [s[0] for s in specs]:
+        if label in SOFTMAX_LABELS or label in [s[0] for s in specs]:
             raise LinearizeError(f"duplicate or reserved benchmark label {label!r}")
         specs.append((label, name, options))
     return specs
 
 
+def _sdpa_candidates(q, k, v, placement):
+    """SDPA as PyTorch dispatches it and, on CUDA, pinned to its flash and memory-efficient kernels
+    (``{label: call}``, ``{label: why not}`` for a kernel that refuses this dtype or shape)."""
+    candidates, skipped = {SDPA: lambda: F.scaled_dot_product_attention(q, k, v)}, {}
+    if not placement.is_cuda:
+        return candidates, skipped
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for label, backend in ((SDPA_FLASH, SDPBackend.FLASH_ATTENTION), (SDPA_EFFICIENT, SDPBackend.EFFICIENT_ATTENTION)):
+        def pinned(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        try:
+            with torch.inference_mode():
+                pinned()
+        except RuntimeError as error:  # e.g. flash attention has no float32 kernel
+            skipped[label] = str(error).strip().splitlines()[0][:200]
+            continue
+        candidates[label] = pinned
+    return candidates, skipped
+
+
 def bench_attention(specs, seq_lens, *, batch_size=1, num_heads=12, head_dim=32, repeats=5, warmup=2,
-                    memory=True, eager_max_bytes=8 * 2**30, seed=0, log=None):
-    """Attention-layer latency (and peak memory) of sdpa, eager softmax and each method per length."""
+                    memory=True, eager_max_bytes=8 * 2**30, seed=0, log=None, placement=CPU):
+    """Attention-layer latency (and peak memory) of sdpa, eager softmax and each method per length,
+    on ``placement``'s device and dtype (the feature maps keep float32 parameters: the attention
+    computes features and sums in float32 and returns the input's dtype)."""
     from .attention.feature_maps import create_feature_map
 
     maps = {}
     for label, name, options in specs:
         torch.manual_seed(seed)
-        maps[label] = create_feature_map(name, head_dim, num_heads, **options).eval()
+        maps[label] = create_feature_map(name, head_dim, num_heads, **options).eval().to(placement.device)
     rows = []
     for n in seq_lens:
         generator = torch.Generator().manual_seed(seed + int(n))
-        q, k, v = (torch.randn(batch_size, num_heads, int(n), head_dim, generator=generator) for _ in range(3))
-        candidates = {SDPA: lambda: F.scaled_dot_product_attention(q, k, v)}
-        eager_bytes = 2 * batch_size * num_heads * int(n) ** 2 * 4  # scores + probabilities, float32
-        skipped = {}
+        q, k, v = (placement.tensor(torch.randn(batch_size, num_heads, int(n), head_dim, generator=generator))
+                   for _ in range(3))
+        candidates, skipped = _sdpa_candidates(q, k, v, placement)
+        eager_bytes = 2 * batch_size * num_heads * int(n) ** 2 * q.element_size()  # scores + probabilities
         if eager_bytes <= eager_max_bytes:
             candidates[EAGER] = lambda: eager_softmax_attention(q, k, v)
         else:
             skipped[EAGER] = f"its two N×N matrices need {eager_bytes / 2**30:.1f} GiB > eager_max_bytes"
         for label, fm in maps.items():
             candidates[label] = (lambda fm: lambda: fm.attend(q, k, v)[0])(fm)
-        row = {"seq_len": int(n), "results": _measure(candidates, repeats, warmup, memory, SDPA, "time_vs_sdpa"),
-               "skipped": skipped}
+        row = {"seq_len": int(n), "skipped": skipped,
+               "results": _measure(candidates, repeats, warmup, memory, SDPA, "time_vs_sdpa", placement)}
         rows.append(row)
         if log:
             parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
@@ -419,9 +456,10 @@ def _model_inputs(model, batch_size, n, seed):
     return {"input_ids": ids, "attention_mask": torch.ones(batch_size, n, dtype=torch.long)}
 
 
-def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True, seed=0, log=None):
+def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True, seed=0, log=None,
+                placement=CPU):
     """Whole-model forward latency: softmax (own implementation and eager) against a converted copy
-    per method, at each length the model accepts."""
+    per method, at each length the model accepts, every model on ``placement``'s device and dtype."""
     from .convert import convert
 
     from .convert.api import is_converted
@@ -443,6 +481,8 @@ def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, me
         converted = copy.deepcopy(base)
         torch.manual_seed(seed)
         models[label] = convert(converted, name, **options).eval()
+    for candidate in models.values():
+        placement.model(candidate)
     limit = getattr(base.config, "max_position_embeddings", None)
     rows = []
     for n in seq_lens:
@@ -451,10 +491,10 @@ def bench_model(model, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, me
             if log:
                 log(f"model N={n}: skipped (longer than max_position_embeddings={limit})")
             continue
-        batch = _model_inputs(base, batch_size, n, seed)
+        batch = placement.batch(_model_inputs(base, batch_size, n, seed))
         candidates = {label: (lambda m: lambda: m(**batch))(m) for label, m in models.items()}
         row = {"seq_len": n,
-               "results": _measure(candidates, repeats, warmup, memory, softmax_label, "time_vs_softmax")}
+               "results": _measure(candidates, repeats, warmup, memory, softmax_label, "time_vs_softmax", placement)}
         rows.append(row)
         if log:
             parts = [f"{label} {entry['median_ms']:.2f}" for label, entry in row["results"].items()]
@@ -498,6 +538,12 @@ def _mib(nbytes):
     return "—" if nbytes is None else f"{nbytes / 2**20:.1f}"
 
 
+def _softmax_labels(rows):
+    """The softmax columns: sdpa, its pinned CUDA kernels where measured, eager."""
+    return [label for label in SOFTMAX_LABELS
+            if label in (SDPA, EAGER) or any(label in row["results"] for row in rows)]
+
+
 def markdown_report(result):
     """The tables of ``bench.md``."""
     cfg, machine = result["config"], result["machine"]
@@ -508,12 +554,13 @@ def markdown_report(result):
              f"{machine.get('other_processes_cores')} cores on average during the run.",
              *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
              f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
-             f"float32, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, candidates interleaved; "
-             "medians in ms. ×sdpa = sdpa time / method time (above 1: faster than sdpa).",
-             "Peak memory: extra MiB allocated by PyTorch's CPU allocator during one forward, output included "
-             "(torch.profiler memory events).", ""]
+             f"{cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed "
+             "rounds, candidates interleaved; medians in ms. ×sdpa = sdpa time / method time (above 1: faster than "
+             "sdpa).",
+             "Peak memory: extra MiB allocated during one forward, output included (CPU: PyTorch's allocator through "
+             "torch.profiler memory events; CUDA: torch.cuda.max_memory_allocated).", ""]
     rows = result["attention"]
-    labels = [SDPA, EAGER] + result["methods"]
+    labels = _softmax_labels(rows) + result["methods"]
     lines += ["## Attention layer: median latency (ms)", "",
               "| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
     for row in rows:
@@ -579,7 +626,7 @@ def plot(result):
     from matplotlib.figure import Figure
 
     rows = result["attention"]
-    labels = [SDPA, EAGER] + result["methods"]
+    labels = _softmax_labels(rows) + result["methods"]
     has_memory = any("peak_extra_bytes" in e for row in rows for e in row["results"].values())
     model_rows = (result.get("model") or {}).get("rows") or []
     panels = 1 + has_memory + bool(model_rows)
@@ -623,8 +670,10 @@ def plot(result):
         ax.legend(fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
     cfg = result["config"]
-    fig.suptitle(f"linearize: batch {cfg['batch_size']}, {cfg['num_heads']} heads × {cfg['head_dim']}, "
-                 f"{result['machine']['torch_threads']} threads, {result['machine']['cpu_model']}", fontsize=9)
+    where = (cfg["placement"] if str(cfg.get("device", "cpu")).startswith("cuda") else
+             f"{result['machine']['torch_threads']} threads, {result['machine']['cpu_model']}")
+    fig.suptitle(f"linearize: batch {cfg['batch_size']}, {cfg['num_heads']} heads × {cfg['head_dim']}, {where}",
+                 fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -650,7 +699,7 @@ def _atomic_write_bytes(path, data):
 
 def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
               threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
-              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print):
+              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32"):
     """Benchmark linear attention against softmax; write ``bench.json``, ``bench.md``, ``bench.png``.
 
     ``methods``: method names (default: every registered method but ``softmax``), ``(name,
@@ -658,7 +707,9 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     for the run (restored after; default: leave as is). ``model``: a Hugging Face model, or a
     name/folder for ``linearize.convert.loading.load_source_model`` (e.g. ``"minilm"``), or None
     to skip the whole-model part. ``memory``: also profile peak memory. ``log``: a callable for
-    progress lines (None: silent).
+    progress lines (None: silent). ``device`` (``cpu``, ``cuda``) and ``dtype`` (``fp32``, ``bf16``,
+    ``fp16``): where and in what precision everything runs (:class:`linearize.placement.Placement`);
+    on CUDA, SDPA's flash and memory-efficient kernels are measured beside its dispatch.
 
     Returns the dict written to ``bench.json``: ``machine``, ``config``, ``methods``,
     ``attention`` (one row per length: ``results[label]`` with ``median_ms``, ``min_ms``,
@@ -673,21 +724,21 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     if not seq_lens or min(seq_lens) < 1:
         raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = _method_specs(methods)
+    placement = Placement.parse(device, dtype)
     labels = [label for label, _, _ in specs]
     saved_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    set_threads(threads)
     try:
         machine = machine_info()
         started = time.time()
         snapshot = _cpu_snapshot()
         attention = bench_attention(specs, seq_lens, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
                                     repeats=repeats, warmup=warmup, memory=memory, eager_max_bytes=eager_max_bytes,
-                                    seed=seed, log=log)
+                                    seed=seed, log=log, placement=placement)
         model_part = None
         if model is not None and model_seq_lens:
             info, rows = bench_model(model, specs, model_seq_lens, batch_size=batch_size, repeats=repeats,
-                                     warmup=warmup, memory=memory, seed=seed, log=log)
+                                     warmup=warmup, memory=memory, seed=seed, log=log, placement=placement)
             model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
         machine["load_average_end"] = _load_average()
         machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
@@ -695,12 +746,14 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
         result = {
             "machine": machine,
             "config": {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,
-                       "dtype": "float32", "repeats": repeats, "warmup": warmup, "memory": memory,
+                       **placement.record(), "repeats": repeats, "warmup": warmup, "memory": memory,
                        "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
                        "methods": {label: {"method": name, "options": options} for label, name, options in specs},
                        "timing": "wall clock per forward under torch.inference_mode; candidates interleaved "
                                  "(order rotated each round); medians of the timed rounds",
-                       "memory_method": "peak of the running sum of torch.profiler CPU allocation events during "
+                       "memory_method": "CUDA: torch.cuda.max_memory_allocated during one separate forward minus "
+                                        "the bytes allocated before it" if placement.is_cuda else
+                                        "peak of the running sum of torch.profiler CPU allocation events during "
                                         "one separate forward (output included, inputs/weights excluded; "
                                         "oneDNN/BLAS scratch not counted)"},
             "methods": labels,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .attention.feature_maps import OptionError, check_field_types
+from .training.trackers import TRACKER_PACKAGES, valid_report_to
 
 
 def setting(default, help):
@@ -69,6 +70,7 @@ LIMITS = {
     "dev_fraction": _fraction(), "max_train_examples": COUNT, "max_eval_examples": COUNT,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "examples": NON_NEGATIVE,
+    "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
 }
 
 
@@ -130,6 +132,9 @@ class DistillConfig(Config):
     mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
     gradient_accumulation_steps: int = setting(
         1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
+    report_to: str = setting(
+        "none", "Experiment trackers for the training curves, comma-separated: tensorboard, wandb, mlflow, comet_ml, "
+                "aim, clearml, dvclive, swanlab, trackio (accelerate's; the package must be installed), or none.")
     block_size: int | None = setting(
         512, "Query rows per block of the attention loss: a longer sequence is distilled block by block "
              "(memory block × length instead of length², same loss); 0 = always all rows at once.")
@@ -155,6 +160,9 @@ class FinetuneConfig(Config):
     kd_temperature: float = setting(2.0, "Temperature of that distillation term.")
     gradient_accumulation_steps: int = setting(
         1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
+    report_to: str = setting(
+        "none", "Experiment trackers for the training curves, comma-separated: tensorboard, wandb, mlflow, comet_ml, "
+                "aim, clearml, dvclive, swanlab, trackio (accelerate's; the package must be installed), or none.")
     checkpoint_every: int = setting(
         200, "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only).")
 
@@ -219,7 +227,7 @@ class TeacherConfig(FinetuneConfig):
     """Recipe section ``teacher``: the softmax teacher's fine-tuning, stage 2's settings with the
     teacher's defaults (no distillation term: the teacher has no teacher)."""
 
-    not_in_recipe = ("seed", "kd_weight", "kd_temperature")
+    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
     lr: float = restate(FinetuneConfig, "lr", 2e-5)
@@ -231,7 +239,7 @@ class TeacherConfig(FinetuneConfig):
 class Stage1Config(DistillConfig):
     """Recipe section ``stage1``: attention distillation."""
 
-    not_in_recipe = ("seed",)
+    not_in_recipe = ("seed", "report_to")
 
     enabled: bool = setting(True, "Run stage 1 (false: go to stage 2 with the freshly converted feature maps).")
     batch_size: int = setting(32, "Batch size.")
@@ -242,7 +250,7 @@ class Stage1Config(DistillConfig):
 class Stage2Config(FinetuneConfig):
     """Recipe section ``stage2``: the student's fine-tuning on the task."""
 
-    not_in_recipe = ("seed",)
+    not_in_recipe = ("seed", "report_to")
 
     enabled: bool = setting(True, "Run stage 2 (false: the stage-1 student is the result).")
 

@@ -35,6 +35,8 @@ from .bench import (_busy_warning, _cpu_snapshot, _load_average, _measure, _meth
                     _other_load, crossover_text, crossovers, machine_info)
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
+from .placement import CPU, Placement
+from .threads import set_threads
 
 DEFAULT_LONG_SEQ_LENS = (512, 2048, 4096, 8192, 16384)
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
@@ -113,8 +115,11 @@ def accepted_length(model):
     return learned_positions(model) or getattr(model.config, "max_position_embeddings", None)
 
 
-def default_softmax_max_bytes():
-    """Half the machine's physical memory (16 GiB where it cannot be read)."""
+def default_softmax_max_bytes(placement=CPU):
+    """Half the GPU's memory on CUDA, else half the machine's physical memory (16 GiB where it
+    cannot be read)."""
+    if placement.is_cuda:
+        return placement.memory_bytes() // 2
     memory_gib = machine_info().get("memory_gib")
     return int((memory_gib or 32) / 2 * 2**30)
 
@@ -160,8 +165,7 @@ def measuring(threads=None):
     """Set torch's threads for a run (restored after) and yield the machine record, which gains
     the load at the end and how busy other processes kept the CPU."""
     saved = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    set_threads(threads)
     try:
         machine = machine_info()
         snapshot = _cpu_snapshot()
@@ -174,20 +178,24 @@ def measuring(threads=None):
 
 
 def measure_lengths(models, reference, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
-                    softmax_max_bytes=None, capped=None, seed=0, log=None):
+                    softmax_max_bytes=None, capped=None, seed=0, log=None, placement=CPU):
     """One row per length: every model of ``{label: model}`` timed (and profiled) side by side,
     ``time_vs_softmax`` against ``reference``'s label. The labels of ``capped`` (default: the
     reference; every model that keeps a softmax layer belongs there) are skipped, with the reason
-    in ``skipped``, where :func:`softmax_skip_reason` says so."""
+    in ``skipped``, where :func:`softmax_skip_reason` says so. Models and inputs go to
+    ``placement``'s device and dtype."""
+    for model in models.values():
+        placement.model(model)
     first = models[reference]
     capped = {reference} if capped is None else set(capped)
     rows = []
     for n in (int(n) for n in seq_lens):
-        batch = _model_inputs(first, batch_size, n, seed)
+        batch = placement.batch(_model_inputs(first, batch_size, n, seed))
         reason = None if softmax_max_bytes is None else softmax_skip_reason(first, batch_size, n, softmax_max_bytes)
         skipped = {label: reason for label in models if reason and label in capped}
         candidates = {label: (lambda m: lambda: m(**batch))(m) for label, m in models.items() if label not in skipped}
-        results = _measure(candidates, repeats, warmup, memory, reference, "time_vs_softmax") if candidates else {}
+        results = (_measure(candidates, repeats, warmup, memory, reference, "time_vs_softmax", placement)
+                   if candidates else {})
         rows.append({"seq_len": n, "results": results, "skipped": skipped})
         if log:
             parts = [f"{label} {entry['median_ms']:.1f}" for label, entry in results.items()]
@@ -224,7 +232,7 @@ def converted_copies(base, specs, max_length, seed=0):
 
 
 def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
-                   softmax_max_bytes=None, seed=0, log=None):
+                   softmax_max_bytes=None, seed=0, log=None, placement=CPU):
     """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets."""
     from .convert.positions import extend_positions
 
@@ -248,7 +256,7 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
                                      "are not a learned table (ModernBERT's rotary positions: computed for any N)")
     rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
                            repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
-                           capped=[softmax_label, *partial], seed=seed,
+                           capped=[softmax_label, *partial], seed=seed, placement=placement,
                            log=log and (lambda line: log(f"{name}: {line}")))
     labels = list(models)
     return {"geometry": name, "info": info, "methods": labels, "refused": refused, "rows": rows,
@@ -276,13 +284,14 @@ def long_targets(rows, labels, reference):
 
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print):
+                   log=print, device="cpu", dtype="fp32"):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
     :func:`linearize.bench.run_bench` takes them (default :func:`default_long_methods`).
     ``softmax_max_bytes``: the memory cap of :func:`softmax_skip_reason` (default: half the
-    machine's memory). Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
+    machine's memory; on CUDA half the GPU's). ``device`` / ``dtype``: as
+    :func:`linearize.bench.run_bench`. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
     ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
     ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
     ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
@@ -292,11 +301,12 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
         raise LinearizeError(f"lengths must be positive, repeats ≥ 1 and warmup ≥ 0; got {seq_lens}, {repeats}, "
                              f"{warmup}")
     specs = _method_specs(default_long_methods() if methods is None else methods)
-    softmax_max_bytes = default_softmax_max_bytes() if softmax_max_bytes is None else int(softmax_max_bytes)
+    placement = Placement.parse(device, dtype)
+    softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     out_dir = Path(out_dir)
     result = {"machine": None, "complete": False,
-              "config": {"seq_lens": seq_lens, "batch_size": batch_size, "dtype": "float32", "repeats": repeats,
+              "config": {"seq_lens": seq_lens, "batch_size": batch_size, **placement.record(), "repeats": repeats,
                          "warmup": warmup, "memory": memory, "softmax_max_bytes": softmax_max_bytes, "seed": seed,
                          "methods": {label: {"method": name, "options": options} for label, name, options in specs},
                          "crossover_rule": CROSSOVER_RULE},
@@ -309,7 +319,8 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
             model = geometry_model(name, seed) if model is None else model
             result["models"].append(bench_geometry(name, model, specs, seq_lens, batch_size=batch_size,
                                                    repeats=repeats, warmup=warmup, memory=memory,
-                                                   softmax_max_bytes=softmax_max_bytes, seed=seed, log=log))
+                                                   softmax_max_bytes=softmax_max_bytes, seed=seed, log=log,
+                                                   placement=placement))
             result["elapsed_s"] = round(time.time() - started, 1)
             write_long(result)  # after every geometry: a crash keeps the finished ones
     result["complete"] = True
@@ -344,7 +355,7 @@ def is_converted_folder(path):
 
 
 def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, threads=None, repeats=5, warmup=2,
-                 memory=True, softmax_max_bytes=None, seed=0, log=print):
+                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32"):
     """A converted model folder against its softmax original (same weights, ``linearize.revert``);
     the result is written atomically to ``directory/bench.json`` and returned.
 
@@ -374,16 +385,17 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
                              f"--model-seq-lens with lengths ≤ {limit}")
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
-    softmax_max_bytes = default_softmax_max_bytes() if softmax_max_bytes is None else int(softmax_max_bytes)
+    placement = Placement.parse(device, dtype)
+    softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
     with measuring(threads) as machine:
         rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured,
                                batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
-                               softmax_max_bytes=softmax_max_bytes, seed=seed, log=log)
+                               softmax_max_bytes=softmax_max_bytes, seed=seed, log=log, placement=placement)
     record = {"kind": "linearize bench --model", "version": 1, "method": method, "options": about["options"],
               "reference": softmax_label, "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds"), "machine": machine,
-              "config": {"seq_lens": wanted, "batch_size": batch_size, "dtype": "float32", "repeats": repeats,
+              "config": {"seq_lens": wanted, "batch_size": batch_size, **placement.record(), "repeats": repeats,
                          "warmup": warmup, "memory": memory, "seed": seed, "crossover_rule": CROSSOVER_RULE},
               "rows": rows, "skipped_lengths": skipped,
               "crossover": crossovers(rows, [method], softmax_label).get(method)}
@@ -493,7 +505,7 @@ def long_markdown(result):
              f"{machine.get('other_processes_cores')} cores on average during the run.",
              *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
              *([] if result.get("complete") else ["**Partial: the run has not finished every model yet.**"]),
-             f"Batch {cfg['batch_size']}, float32, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, "
+             f"Batch {cfg['batch_size']}, {cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, "
              "candidates interleaved; medians. Crossover: " + cfg["crossover_rule"] + ".", ""]
     for entry in result["models"]:
         lines += _geometry_markdown(entry)

@@ -67,3 +67,64 @@ def test_method_list_takes_options_in_parentheses():
         _method_specs("luna(bogus=1)")
     with pytest.raises(ValueError, match="unknown method 'lunar'"):
         _method_specs("lunar")
+
+
+def _tiny_bert():
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64)
+    return T.BertForSequenceClassification(config).eval()
+
+
+def test_a_placement_the_machine_cannot_run_is_a_one_line_error():
+    import pytest
+
+    from linearize.errors import LinearizeError
+    from linearize.placement import Placement
+
+    assert Placement.parse("CPU", "BF16") == Placement("cpu", "bf16")
+    with pytest.raises(LinearizeError, match="not one of fp32, bf16, fp16"):
+        Placement.parse("cpu", "fp64")
+    with pytest.raises(LinearizeError, match="is not cpu or cuda"):
+        Placement.parse("tpu")
+    with pytest.raises(LinearizeError, match="fp16 needs --device cuda"):
+        Placement.parse("cpu", "fp16")
+    if not torch.cuda.is_available():
+        with pytest.raises(LinearizeError, match="no CUDA GPU is visible here"):
+            Placement.parse("cuda")
+
+
+def test_bench_in_bf16_runs_attention_and_model_in_bf16(tmp_path, monkeypatch):
+    import linearize.bench as bench
+
+    seen = []
+    measure = bench._measure
+
+    def spy(candidates, *args, **kwargs):  # every candidate's output dtype, then the real measurement
+        with torch.inference_mode():
+            seen.extend(getattr(fn(), "dtype", None) or fn().logits.dtype for fn in candidates.values())
+        return measure(candidates, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_measure", spy)
+    result = bench.run_bench(tmp_path, methods=["hedgehog"], seq_lens=(16,), num_heads=2, head_dim=8, repeats=1,
+                             warmup=0, memory=False, model=_tiny_bert(), model_seq_lens=(8,), dtype="bf16", log=None)
+    assert result["config"]["dtype"] == "bfloat16" and result["config"]["placement"] == "cpu, bfloat16"
+    assert seen and set(seen) == {torch.bfloat16}
+    assert "cpu, bfloat16" in (tmp_path / "bench.md").read_text()
+
+
+def test_bench_on_cuda_times_sdpas_kernels_beside_every_method(tmp_path):
+    import pytest
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from linearize.bench import SDPA_EFFICIENT, SDPA_FLASH, run_bench
+
+    result = run_bench(tmp_path, methods=["hedgehog", "luna"], seq_lens=(512, 2048), repeats=2, warmup=1,
+                       model=_tiny_bert(), model_seq_lens=(32,), device="cuda", dtype="bf16", log=None)
+    for row in result["attention"]:
+        assert {"sdpa", SDPA_FLASH, SDPA_EFFICIENT, "hedgehog", "luna"} <= set(row["results"])
+        assert all(entry["peak_extra_bytes"] > 0 for entry in row["results"].values())
+    assert result["config"]["placement"].startswith("cuda (")

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import LinearizeError
+from ..threads import set_threads  # noqa: F401  (the commands' --threads)
 
 app = typer.Typer(
     name="linearize",
@@ -49,6 +50,9 @@ LabelColumnOpt = Annotated[Optional[str], typer.Option("--label-column", help="L
 MaxLengthOpt = Annotated[int, typer.Option("--max-length", help="Truncate text to this many tokens.")]
 HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
 NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--threads", help="CPU threads for torch (default: one per usable core; OpenMP waits passively, so a busy "
+                      "machine slows a run but does not stall it: docs/usage.md, 'Threads').")]
 
 
 @app.callback()

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import LinearizeError
-from . import app, console, friendly_errors
+from . import ThreadsOpt, app, console, friendly_errors
 
 
 def _ints(text):
@@ -43,7 +43,10 @@ def bench_command(
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 1,
     num_heads: Annotated[int, typer.Option(help="Heads of the attention-layer benchmark.")] = 12,
     head_dim: Annotated[int, typer.Option(help="Head dimension of the attention-layer benchmark.")] = 32,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads (default: as configured).")] = None,
+    threads: ThreadsOpt = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N): where models and attention run; on cuda SDPA's "
+                                             "flash and memory-efficient kernels are timed too.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16 (fp16 on cuda only).")] = "fp32",
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (medians are reported).")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed warm-up repetitions.")] = 2,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure peak extra memory.")] = True,
@@ -52,6 +55,7 @@ def bench_command(
 
     Example: linearize bench --methods 'luna,luna(projections=16),hedgehog' --seq-lens 512,4096 --model minilm
     Long inputs: linearize bench --long --out runs/bench-long
+    On a GPU: linearize bench --device cuda --dtype bf16 --seq-lens 512,2048,8192,32768 --model none
     A converted model's crossover (shown by `linearize info`): linearize bench --model runs/minilm-hh-4k
     """
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, run_bench
@@ -59,7 +63,7 @@ def bench_command(
 
     cap = None if softmax_max_gib is None else int(softmax_max_gib * 2**30)
     common = dict(batch_size=batch_size, threads=threads, repeats=repeats, warmup=warmup, memory=memory,
-                  log=console.print)
+                  device=device, dtype=dtype, log=console.print)
     if long:
         result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
                                 methods=methods or None, softmax_max_bytes=cap,

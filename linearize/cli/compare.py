@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..attention.feature_maps import default_comparison
-from . import app, console, friendly_errors
+from . import ThreadsOpt, app, console, friendly_errors, set_threads
 from .run import SetOpt
 
 
@@ -30,6 +30,7 @@ def compare_command(
         "--table-only", help="Run nothing: tabulate the finished runs in --out (the others are listed).")] = False,
     set_: SetOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="The recipe's quick version (a smoke test).")] = False,
+    threads: ThreadsOpt = None,
 ):
     """Run several methods with the same budget and seeds; write compare.md / compare.json.
 
@@ -39,6 +40,7 @@ def compare_command(
     from ..compare import compare, parse_variant, render
     from ..recipes import load_recipe, parse_set
 
+    set_threads(threads)
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
     out = out or Path("runs") / f"compare-{resolved['name']}{'-quick' if quick else ''}"
     table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from . import (DataDirOpt, LabelColumnOpt, MaxLengthOpt, TestFileOpt, TextColumnOpt, TextPairColumnOpt,
-               TrainFileOpt, ValidationFileOpt, app, data_options, friendly_errors, print_scores)
+               ThreadsOpt, TrainFileOpt, ValidationFileOpt, app, data_options, friendly_errors, print_scores,
+               set_threads)
 
 eval_app = typer.Typer(help="Evaluate a model (converted or softmax) on GLUE, text files or images.",
                        no_args_is_help=True)
@@ -37,6 +38,7 @@ def eval_glue(
     max_length: MaxLengthOpt = 128,
     batch_size: BatchOpt = 64,
     json_path: JsonOpt = None,
+    threads: ThreadsOpt = None,
 ):
     """GLUE dev split with the official metric (MNLI: matched and mismatched).
 
@@ -45,6 +47,7 @@ def eval_glue(
     from ..data import glue_task_name
     from ..pipeline import evaluate_model
 
+    set_threads(threads)
     if glue_task_name(task) is None:
         from ..errors import LinearizeError
 
@@ -63,6 +66,7 @@ def eval_text(
     label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     batch_size: BatchOpt = 64,
     json_path: JsonOpt = None,
+    threads: ThreadsOpt = None,
 ):
     """Text classification on the movie reviews, local files or a Hub data set (dev and test splits).
 
@@ -70,6 +74,7 @@ def eval_text(
     """
     from ..pipeline import evaluate_model
 
+    set_threads(threads)
     data = data_options(None, train_file, validation_file, test_file, text_column, text_pair_column, label_column,
                         max_length)
     _report(evaluate_model(model, task, data=data, batch_size=batch_size, progress=True), json_path)
@@ -83,6 +88,7 @@ def eval_image(
     data_dir: DataDirOpt = None,
     batch_size: BatchOpt = 128,
     json_path: JsonOpt = None,
+    threads: ThreadsOpt = None,
 ):
     """Image classification top-1 (and top-5 with more than five classes).
 
@@ -90,5 +96,6 @@ def eval_image(
     """
     from ..pipeline import evaluate_model
 
+    set_threads(threads)
     data = {"data_dir": data_dir and str(data_dir)}
     _report(evaluate_model(model, dataset, data=data, batch_size=batch_size, progress=True), json_path)

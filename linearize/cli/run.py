@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..recipes import parse_options
-from . import LayersOpt, OptionOpt, app, console, friendly_errors, parse_layers
+from . import LayersOpt, OptionOpt, ThreadsOpt, app, console, friendly_errors, parse_layers, set_threads
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]
@@ -32,6 +32,10 @@ def run_command(
     overwrite: Annotated[bool, typer.Option(help="Delete --out first instead of resuming in it.")] = False,
     teacher_from: Annotated[Optional[Path], typer.Option(
         help="Reuse the fine-tuned teacher of this finished run folder (same model, task, data and seed).")] = None,
+    report_to: Annotated[str, typer.Option(
+        help="Experiment trackers for every training stage: tensorboard, wandb, mlflow, ... (comma-separated; the "
+             "package must be installed), or none. Logs go to <out>/work/<stage>/logs.")] = "none",
+    threads: ThreadsOpt = None,
 ):
     """Fine-tune the softmax teacher, convert, distill, fine-tune, evaluate and write the report.
 
@@ -43,6 +47,7 @@ def run_command(
     from ..pipeline import run
     from ..recipes import load_recipe, parse_set
 
+    set_threads(threads)
     overrides = parse_set(set_)
     for key, value in (("method", method), ("task", task), ("model", model), ("seed", seed)):
         if value is not None:
@@ -53,7 +58,8 @@ def run_command(
         overrides["options"] = parse_options(option)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
     out = out or Path("runs") / f"{resolved['name']}-{resolved['method']}{'-quick' if quick else ''}"
-    report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from)
+    report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from,
+                 report_to=report_to)
     rec = report["recovery"]
     console.print(f"[bold]done:[/] {out}: student keeps {rec['average']:.1f}% of the teacher's "
                   f"{report['task']['primary_metric']} on the {rec['split']} split; see {out / 'report.md'}")

@@ -11,7 +11,7 @@ from ..config import DistillConfig, FinetuneConfig, Stage1Config, stage_config
 from ..recipes import parse_options
 from . import (DataDirOpt, LabelColumnOpt, LayersOpt, MaxLengthOpt, OptionOpt, TaskOpt, TestFileOpt,
                TextColumnOpt, TextPairColumnOpt, TrainFileOpt, ValidationFileOpt, app, console, data_options,
-               friendly_errors, parse_layers, print_scores)
+               ThreadsOpt, friendly_errors, parse_layers, print_scores, set_threads)
 from .config_options import config_options
 
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
@@ -43,6 +43,7 @@ def distill_command(
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
     label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     overwrite: OverwriteOpt = False,
+    threads: ThreadsOpt = None,
     config: Stage1Config = None,
 ):
     """Stage 1: train only the feature maps to reproduce the softmax attention rows.
@@ -51,6 +52,7 @@ def distill_command(
     """
     from ..pipeline import distill_model
 
+    set_threads(threads)
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)
     result = distill_model(model, task, out, method=method, options=parse_options(option),
@@ -88,6 +90,7 @@ def finetune_command(
     test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
     label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     overwrite: OverwriteOpt = False,
+    threads: ThreadsOpt = None,
     settings: dict = None,
 ):
     """Stage 2: fine-tune the whole model on the task, keep the best dev checkpoint.
@@ -98,6 +101,7 @@ def finetune_command(
     from ..finetune import recipe as finetune_recipe
     from ..pipeline import finetune_model
 
+    set_threads(threads)
     config = finetune_recipe(recipe, **settings)
     data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
                         label_column, max_length)

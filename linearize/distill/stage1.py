@@ -191,7 +191,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     params = [p for fm in maps.values() for p in fm.parameters()]
     method = next(iter(maps.values())).name if maps else None
     eval_loader = eval_loader if eval_loader is not None else train_loader
-    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
+    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed, config.report_to, checkpoint_dir)
     set_seed(config.seed)
     model.to(accelerator.device)
     if not params:

@@ -27,7 +27,7 @@ import torch
 from ..config import FinetuneConfig  # the stage-2 settings live in linearize.config
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
-from ..training import (PROGRESS_FILE, ProgressBar, Trainer, append_jsonl, atomic_torch_save, clear_checkpoint,
+from ..training import (PROGRESS_FILE, ProgressBar, Trainer, atomic_torch_save, clear_checkpoint,
                         evaluation_shards, load_accelerator_checkpoint, make_accelerator, on_main_process,
                         save_accelerator_checkpoint)
 
@@ -114,7 +114,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     from ..metrics import primary_metric
 
     config = config or FinetuneConfig()
-    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed)
+    accelerator = accelerator or make_accelerator(config.mixed_precision, config.seed, config.report_to, output_dir)
     set_seed(config.seed)
     primary = primary_metric(task)
     output_dir = Path(output_dir)
@@ -265,7 +265,7 @@ class _FineTuning:
                  "examples_per_second": trainer.speed.rate(), **{f"dev_{k}": v for k, v in metrics.items()}}
         meta["history"].append(entry)
         meta.update(epoch_step=0, running=0.0)
-        append_jsonl(trainer.metrics_path, entry)
+        trainer.log(entry)
         score = metrics[primary]
         if meta["best_metric"] is None or score > meta["best_metric"]:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)

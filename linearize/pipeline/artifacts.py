@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import LinearizeError
 from ..io import atomic_dir, atomic_write_json
+from ..training.trackers import LOGS_DIR
 
 
 TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "seed")  # what a shared teacher must match
@@ -105,12 +106,13 @@ def comparable(recipe):
 def drop_resume_checkpoints(work_dir):
     """Delete a finished stage's resume checkpoints (weights, optimizer state): once ``state.json``
     records the stage and its model is saved they serve nothing, and they are most of a run's disk
-    (~350 MB for MiniLM's stage 2). Its ``metrics.jsonl`` (the training curve) stays."""
+    (~350 MB for MiniLM's stage 2). Its ``metrics.jsonl`` (the training curve) and the experiment
+    trackers' ``logs`` stay."""
     work_dir = Path(work_dir)
     if not work_dir.is_dir():
         return
     for path in work_dir.iterdir():
-        if path.name == "metrics.jsonl":
+        if path.name in ("metrics.jsonl", LOGS_DIR):
             continue
         if path.is_dir():
             shutil.rmtree(path)
@@ -120,13 +122,14 @@ def drop_resume_checkpoints(work_dir):
 
 def remove_work_dir(work_dir, out_dir):
     """After a single stage saved its model in ``out_dir``: its training curve (``metrics.jsonl``)
-    moves into ``out_dir`` and the working folder (resume checkpoints, best weights: hundreds of
+    and the experiment trackers' ``logs`` move into ``out_dir`` and the working folder (resume checkpoints, best weights: hundreds of
     MB) is deleted."""
     work_dir = Path(work_dir)
     if not work_dir.is_dir():
         return
-    if (work_dir / "metrics.jsonl").is_file():
-        os.replace(work_dir / "metrics.jsonl", Path(out_dir) / "metrics.jsonl")
+    for kept in ("metrics.jsonl", LOGS_DIR):  # the training curve and the trackers' logs
+        if (work_dir / kept).exists():
+            os.replace(work_dir / kept, Path(out_dir) / kept)
     shutil.rmtree(work_dir)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import statistics
 
@@ -127,7 +128,8 @@ def environment():
 
     cpu = cpu_model()
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads()}
+            "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default")}
 
 
 def data_hash(data):

@@ -42,6 +42,7 @@ class RunContext:
     progress: bool
     log: Callable
     started: float
+    report_to: str = "none"  # experiment trackers of every training stage (not part of the recipe)
 
     @property
     def seed(self):
@@ -66,13 +67,14 @@ class RunContext:
         return result
 
 
-def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None):
+def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, report_to="none"):
     """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``.
 
     ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
     is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
+    ``report_to``: experiment trackers for every training stage (``linearize.training.trackers``).
     """
-    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log)
+    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
     if teacher_from is not None and not ctx.state.done("teacher"):
         share_teacher(ctx, teacher_from)
     reused = [stage for stage in STAGES if ctx.state.done(stage)]
@@ -101,7 +103,7 @@ def run_teacher(recipe, out_dir, *, overwrite=False, progress=True, log=print):
     return dict(ctx.state.get("teacher"), report_split=ctx.report_split)
 
 
-def start_run(recipe, out_dir, *, overwrite, progress, log):
+def start_run(recipe, out_dir, *, overwrite, progress, log, report_to="none"):
     """Check the whole recipe, prepare the run folder (checking a resumed one holds the same
     recipe), seed everything, load the data and the evaluation loaders: every input is checked
     before any stage runs."""
@@ -123,7 +125,7 @@ def start_run(recipe, out_dir, *, overwrite, progress, log):
         task = TaskData.load(recipe)
     report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
     eval_loaders = task.loaders(recipe["eval"]["batch_size"], recipe["seed"])
-    return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started)
+    return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started, report_to)
 
 
 def _make_run_folder(out_dir, overwrite):
@@ -177,7 +179,7 @@ def _make_teacher(ctx):
         check_head(teacher, spec, recipe["model"])
         return teacher, {"seconds": 0.0, "history": [], "finetuned": False}
     ctx.log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
-    cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed)
+    cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed, report_to=ctx.report_to)
     result = finetune(teacher, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], spec,
                       ctx.out_dir / "work" / "teacher", config=cfg, progress=ctx.progress, log=ctx.log)
     result["finetuned"] = True
@@ -195,7 +197,7 @@ def stage1(ctx, teacher):
     student = copy.deepcopy(teacher)
     convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **recipe["options"])
     if s1["enabled"]:
-        result = distill(student, ctx.train_loader(s1["batch_size"]), stage_config(DistillConfig, s1, seed=ctx.seed),
+        result = distill(student, ctx.train_loader(s1["batch_size"]), stage_config(DistillConfig, s1, seed=ctx.seed, report_to=ctx.report_to),
                          eval_loader=ctx.eval_loaders["validation"], eval_batches=s1["eval_batches"],
                          checkpoint_dir=ctx.out_dir / "work" / "stage1", progress=ctx.progress, log=ctx.log)
     else:
@@ -221,7 +223,7 @@ def stage2(ctx, teacher, student, stage1_result):
         ctx.state.finish("stage2", result)
         return student, result
     ctx.log("[4/6] stage 2: fine-tuning the student")
-    cfg = stage_config(FinetuneConfig, ctx.recipe["stage2"], seed=ctx.seed)
+    cfg = stage_config(FinetuneConfig, ctx.recipe["stage2"], seed=ctx.seed, report_to=ctx.report_to)
     stage1_ran = not stage1_result.get("skipped")
     result = finetune(student, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], ctx.task.spec,
                       ctx.out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=ctx.progress, log=ctx.log,

@@ -19,6 +19,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..errors import LinearizeError
+from .trackers import tracking_arguments
 
 #: the environment variables a launcher sets to the number of processes (torchrun and accelerate
 #: launch set WORLD_SIZE; MPI launchers their own), as accelerate reads them
@@ -41,13 +42,14 @@ def _cpu_processes():
     return launched_processes() > 1 and not _has_device()
 
 
-def make_accelerator(mixed_precision="no", seed=0):
+def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_dir=None):
     """An ``Accelerator`` whose shuffling depends only on (seed, epoch): a resumed run sees
     exactly the batches an uninterrupted one would.
 
     ``mixed_precision`` ``"no"`` (the default) leaves it to the launcher: ``accelerate launch
     --mixed_precision bf16`` (or its ``accelerate config``) trains in bf16; ``bf16`` / ``fp16``
-    ask for it whatever the launcher says.
+    ask for it whatever the launcher says. ``report_to``: experiment trackers
+    (:mod:`linearize.training.trackers`), logging under ``checkpoint_dir``.
     """
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
@@ -56,7 +58,8 @@ def make_accelerator(mixed_precision="no", seed=0):
         raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
                              "use bf16 or no")
     return Accelerator(mixed_precision=None if mixed_precision == "no" else mixed_precision, cpu=_cpu_processes(),
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
+                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
+                       **tracking_arguments(report_to, checkpoint_dir))
 
 
 def process_state():

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import LinearizeError
 from .accelerator import average_gradients, is_main_process, mean_over_processes
 from .metrics_log import append_jsonl, truncate_jsonl
+from .trackers import loggable
 from .progress import ProgressBar, Throughput
 from .schedule import make_scheduler
 
@@ -92,6 +93,9 @@ class Trainer:
         self.start = time.perf_counter() - seconds
         self.speed = Throughput(self.accelerator.num_processes)
         self.bar = ProgressBar(self.total, done_steps, description, progress)
+        if self.accelerator.log_with:  # experiment trackers (--report-to): the settings first
+            self.accelerator.init_trackers(description.split(":")[0].replace(" ", "-"),
+                                           config=loggable(self.config.to_dict()))
 
     def epoch(self, epoch, done_steps=0):
         """The micro-batches of ``epoch`` after its first ``done_steps`` steps, as
@@ -128,9 +132,17 @@ class Trainer:
         """Log a finished step: ``entry`` (with ``step``) gains the learning rate and the throughput
         and goes to ``metrics.jsonl``; the progress bar moves to the step and shows ``info``."""
         entry.update(lr=self.lr, examples_per_second=self.speed.rate())
-        append_jsonl(self.metrics_path, entry)
+        self.log(entry)
         self.bar.update(entry["step"], f"{info} · {self.speed.rate():.1f} ex/s")
         return entry
 
+    def log(self, entry):
+        """``entry`` (with ``step``) to ``metrics.jsonl`` and to the experiment trackers."""
+        append_jsonl(self.metrics_path, entry)
+        if self.accelerator.log_with:
+            self.accelerator.log(loggable({k: v for k, v in entry.items() if k != "step"}), step=entry["step"])
+
     def close(self):
         self.bar.close()
+        if self.accelerator.log_with:
+            self.accelerator.end_training()

@@ -1,0 +1,58 @@
+"""CPU threads and OpenMP's wait policy (linearize/threads.py; docs/experiments/busy-machine)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from linearize.cli import app
+from linearize.errors import LinearizeError
+from linearize.threads import set_threads
+
+POLICY = "import os, sys; {first}; print(os.environ.get('OMP_WAIT_POLICY'))"
+
+
+def policy_after(first, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run([sys.executable, "-c", POLICY.format(first=first)], env={**environment, **env},
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_importing_linearize_first_asks_for_passive_waiting():
+    assert policy_after("import linearize") == "PASSIVE"
+
+
+def test_the_users_policy_and_an_already_loaded_torch_are_left_alone():
+    assert policy_after("import linearize", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    # libgomp read the environment when torch loaded: setting it afterwards would only mislead
+    assert policy_after("import torch, linearize") == "None"
+
+
+def test_set_threads_sets_torchs_thread_count_and_refuses_zero():
+    saved = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        set_threads(None)  # keeps the count
+        assert torch.get_num_threads() == 1
+        with pytest.raises(LinearizeError, match="--threads must be at least 1"):
+            set_threads(0)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("command", [["distill"], ["finetune"], ["run"], ["compare"], ["bench"], ["eval", "text"],
+                                     ["eval", "glue"], ["eval", "image"]])
+def test_the_training_evaluation_and_bench_commands_take_threads(command):
+    done = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0 and "--threads" in done.output
+
+
+def test_zero_threads_is_a_one_line_error():
+    done = CliRunner().invoke(app, ["run", "--quick", "--threads", "0"])
+    assert done.exit_code == 1
+    assert "--threads must be at least 1" in done.output and "Traceback" not in done.output
