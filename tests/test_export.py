@@ -98,16 +98,23 @@ def test_fullgraph_compile_with_inductor():
             torch.testing.assert_close(compiled(**batch)[0], model(**batch)[0], atol=1e-5, rtol=1e-5)
 
 
-def test_vision_model_exports_with_a_dynamic_batch(tmp_path):
+def tiny_timm_vit():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1, num_classes=3)
+
+
+@pytest.mark.parametrize("family", ["hf", pytest.param("timm", marks=pytest.mark.slow)])
+def test_vision_model_exports_with_a_dynamic_batch(family, tmp_path):
     pytest.importorskip("onnxscript")
-    model = build("vit", head="AutoModelForImageClassification")
+    model = build("vit", head="AutoModelForImageClassification") if family == "hf" else tiny_timm_vit()
     linearize.convert(model, "hedgehog")
     result = export_model(model, tmp_path / "vit.onnx", check=False)
-    assert result["inputs"] == ["pixel_values"]
+    assert result["inputs"] == ["pixel_values"] and result["output"] == "logits"
     session = onnx_session(result["path"])
     pixels = example_inputs(model, batch=3, seed=1)["pixel_values"]
     with torch.no_grad():
-        expected = model(pixel_values=pixels).logits
+        expected = FirstOutput(model, ["pixel_values"])(pixels)
     assert abs(session.run(None, {"pixel_values": pixels.numpy()})[0] - expected.numpy()).max() <= 1e-4
 
 
