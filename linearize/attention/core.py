@@ -43,6 +43,9 @@ remote code):
   so no full-length feature tensor is ever allocated: extra memory is the output plus
   O(chunk·D + D·d), and the temporaries stay in cache. Training (autograd) uses the one-shot
   form. Every fast path is tested against :func:`quadratic_attention`.
+- Tracing (``torch.compile``, ``torch.export``, the ONNX exporters; :func:`is_tracing`): the
+  one-shot form only, so the graph has no loop or branch sized by the input and stays valid at
+  every batch size and length.
 """
 
 from __future__ import annotations
@@ -50,6 +53,15 @@ from __future__ import annotations
 import torch
 
 DEFAULT_EPS = 1e-6
+
+
+def is_tracing():
+    """True while ``torch.compile``, ``torch.export`` or an ONNX exporter traces the forward.
+
+    The eager fast paths (chunking, LUNA's knot lookup, skipping an all-real mask) branch on
+    input sizes or tensor values; a traced graph must not, so it takes the plain form instead
+    (the same formula: the fast paths are tested against it)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def _key_mask(key_padding_mask, batch, seq, device):
@@ -132,7 +144,7 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     values per chunk): the same sums, but features and temporaries stay small and cache-resident,
     so the extra memory is O(chunk·D + D·d) besides the output (see :func:`_chunked_attention`).
     """
-    if getattr(feature_map, "chunkable", False) and not _grad_needed(feature_map, q, k, v):
+    if getattr(feature_map, "chunkable", False) and not is_tracing() and not _grad_needed(feature_map, q, k, v):
         batch, heads = k.shape[:2]
         chunk = _chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
         if max(q.shape[2], k.shape[2]) > chunk and k.shape[2] > 0:

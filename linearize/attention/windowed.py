@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .core import DEFAULT_EPS, _cast_finite, _guard, feature_maps, softmax_attention_weights
+from .core import DEFAULT_EPS, _cast_finite, _guard, feature_maps, is_tracing, softmax_attention_weights
 
 #: query rows per block of :func:`windowed_linear_attention`
 WINDOW_BLOCK = 256
@@ -65,7 +65,11 @@ def windowed_linear_attention(q, k, v, feature_map, radius, key_padding_mask=Non
                               block_size=WINDOW_BLOCK):
     """Windowed kernel attention (module docstring) over blocks of ``block_size`` query rows, each
     against the keys ``[start - r, stop + r)`` only: O(N·(block + 2r)) kernel values in all, equal to
-    :func:`windowed_quadratic_attention`. Returns a tensor shaped and typed like ``v``."""
+    :func:`windowed_quadratic_attention`. Returns a tensor shaped and typed like ``v``.
+
+    Traced (``core.is_tracing``): the quadratic form, whose graph has no loop sized by the input."""
+    if is_tracing():
+        return windowed_quadratic_attention(q, k, v, feature_map, radius, key_padding_mask, scale, eps)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     seq_q, seq_k, radius = q.shape[2], k.shape[2], int(radius)
     out = torch.empty(*v.shape[:2], seq_q, v.shape[-1], dtype=v.dtype, device=v.device)

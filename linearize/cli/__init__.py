@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import LinearizeError
 from ..threads import set_threads  # noqa: F401  (the commands' --threads)
@@ -112,7 +113,7 @@ def friendly_errors(command):
             if not user_error or debug_enabled():
                 raise
             message = error.format_message() if isinstance(error, typer.BadParameter) else str(error)
-            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2 if isinstance(error, typer.BadParameter) else 1) from None
 
     return wrapper
@@ -155,4 +156,4 @@ def main():
 
 
 from . import convert  # noqa: E402,F401  (registers the commands)
-from . import bench, compare, evaluate, push, report, run, train  # noqa: E402,F401
+from . import bench, compare, evaluate, export, push, report, run, train  # noqa: E402,F401

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ...errors import LinearizeError
+from ..core import is_tracing
 from .base import FeatureMap, MethodOptions, register_feature_map
 
 
@@ -186,8 +187,11 @@ class LunaFeatureMap(FeatureMap):
         """True when ``u`` (if given) is large enough for the knot lookup to be the faster path.
 
         The lookup is exact in value and in gradient (for ``u`` and every ψ parameter), so it
-        serves training as well as inference.
+        serves training as well as inference. Not in a traced graph (``core.is_tracing``): its knot
+        table is built from parameter values, so a traced model evaluates the MLP.
         """
+        if is_tracing():
+            return False
         return u is None or u.numel() >= self.lookup_min_values
 
     def psi_lookup(self, u, scale=1.0):

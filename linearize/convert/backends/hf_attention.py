@@ -26,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..config_block import decode_block
+from ...attention.core import is_tracing
 from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
 from ...attention.windowed import windowed_attention_weights, windowed_linear_attention, windowed_softmax_attention
 from ...errors import LinearizeError
@@ -71,7 +72,13 @@ def key_padding_from_mask(attention_mask):
         mask = mask.any(dim=1) if mask.dtype == torch.bool else (mask > torch.finfo(mask.dtype).min / 2).any(dim=1)
     elif mask.dtype != torch.bool:
         mask = mask > 0
-    return None if bool(mask.all()) else mask
+    return _unless_all_real(mask)
+
+
+def _unless_all_real(mask):
+    """None for a mask without padding (eager: the faster unmasked path); a traced graph keeps the
+    mask, since its branch cannot depend on the values of an input."""
+    return mask if is_tracing() or not bool(mask.all()) else None
 
 
 def linearize_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -79,8 +86,7 @@ def linearize_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     """Mask function for the ``linearize`` implementation: the 2-D key-padding mask or None."""
     if attention_mask is None:
         return None
-    mask = attention_mask[:, kv_offset: kv_offset + kv_length].to(torch.bool)
-    return None if bool(mask.all()) else mask
+    return _unless_all_real(attention_mask[:, kv_offset: kv_offset + kv_length].to(torch.bool))
 
 
 def linearize_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
