@@ -183,7 +183,7 @@ class TaskData:
         data, spec = load_data(recipe)
         similarity = None
         if spec.is_embedding:
-            spec, similarity = _embedding_inputs(recipe, spec)
+            spec, similarity = embedding_inputs(recipe, spec)
         processor = load_processor(recipe, spec)
         task = cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor)
         task.similarity = similarity
@@ -259,7 +259,7 @@ class TaskData:
                                 eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed, **extra)
 
 
-def _embedding_inputs(recipe, spec):
+def embedding_inputs(recipe, spec):
     """An embedding task's spec pooled as the source model is, and its similarity pairs (or None)."""
     import dataclasses
 
