@@ -172,10 +172,23 @@ def test_embeddings_task_runs_end_to_end_without_labels(tiny_st, corpus, tmp_pat
     check_round_trip(out / "model", 24)
 
 
-def test_finetune_on_embeddings_needs_a_teacher(tiny_st, corpus, tmp_path):
-    result = runner.invoke(app, ["finetune", str(tiny_st), "--task", "embeddings", "--train-file",
-                                 str(corpus / "sentences.txt"), "--out", str(tmp_path / "ft")])
-    assert result.exit_code != 0 and "--teacher" in result.output
+def test_single_stages_on_embeddings_keep_the_sentence_transformers_folder(tiny_st, corpus, tmp_path):
+    data = ["--task", "embeddings", "--train-file", str(corpus / "sentences.txt"), "--max-length", "24"]
+    distilled, tuned = tmp_path / "s1", tmp_path / "s2"
+    result = runner.invoke(app, ["distill", str(tiny_st), "--method", "hedgehog", "--out", str(distilled),
+                                 "--batch-size", "8", *data])
+    assert result.exit_code == 0, result.output
+    check_round_trip(distilled, 24)
+    result = runner.invoke(app, ["finetune", str(distilled), "--out", str(tuned), *data])
+    assert result.exit_code != 0 and "--teacher" in result.output  # no labels: the targets are a teacher's
+    result = runner.invoke(app, ["finetune", str(distilled), "--teacher", str(tiny_st), "--out", str(tuned),
+                                 "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", *data])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((tuned / "finetune.json").read_text())["scores"]
+    assert set(scores["test"]) == {"cosine", "top10_overlap"}
+    check_round_trip(tuned, 24)
+    result = runner.invoke(app, ["eval", "text", str(tuned), *data])
+    assert result.exit_code != 0 and "teacher" in result.output
 
 
 # ---- the metrics and the pooling on known inputs -----------------------------------------------

@@ -185,9 +185,8 @@ class TaskData:
         if spec.is_embedding:
             spec, similarity = embedding_inputs(recipe, spec)
         processor = load_processor(recipe, spec)
-        task = cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor)
-        task.similarity = similarity
-        return task
+        return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor,
+                   similarity=similarity)
 
     def set_targets(self, teacher):
         """An embedding task's targets: the ``teacher``'s sentence embeddings of every split become

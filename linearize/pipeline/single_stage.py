@@ -59,9 +59,7 @@ def _stage_inputs(model, task, data, head=None):
         processor = load_processor(recipe, spec)
     if converted:
         check_head(net, spec, model)
-    task_data = TaskData(recipe, loaded, spec, processor)
-    task_data.similarity = similarity
-    return task_data, net, converted
+    return TaskData(recipe, loaded, spec, processor, similarity=similarity), net, converted
 
 
 def _work_dir(out):
@@ -119,17 +117,16 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     config = (config or FinetuneConfig()).check()
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(model, task, data, head)
-    if task_data.spec.is_embedding:  # no labels: the teacher's embeddings are the targets
-        if teacher is None:
-            raise LinearizeError("the embeddings task learns a teacher's sentence embeddings: pass --teacher (the "
-                                 "softmax model, e.g. the source checkpoint)")
-        teacher, _ = load_model_for_task(teacher, task_data.spec, head)
-        task_data.set_targets(teacher)
-    else:
-        check_task_head(net, model)
-    if teacher is not None and not task_data.spec.is_embedding:
+    if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
+    if not task_data.spec.is_embedding:
+        check_task_head(net, model)
+    elif teacher is None:
+        raise LinearizeError("the embeddings task learns a teacher's sentence embeddings: pass --teacher (the "
+                             "softmax model, e.g. the source checkpoint)")
+    else:  # no labels: the teacher's embeddings are the targets
+        task_data.set_targets(teacher)
     loaders = task_data.loaders(config.batch_size, config.seed)
     result = finetune(net, loaders["train"], loaders["validation"], task_data.spec, _work_dir(out), config=config,
                       resume=resume, teacher=teacher, progress=progress, log=log,
