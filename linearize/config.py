@@ -207,6 +207,9 @@ class DataConfig(Config):
     text_pair_column: str | None = setting(None, "Second text column (pairs).")
     label_column: str | None = setting(None, "Label column of data files.")
     dev_fraction: float | None = setting(None, "Carve this fraction of train out as the dev (selection) split.")
+    similarity_file: str | None = setting(
+        None, "Embedding tasks: an STS-style CSV/TSV/JSON(L) (sentence1, sentence2, score); the report gives the "
+              "Spearman correlation of teacher and student similarities with its scores.")
     seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
     max_length: int = setting(
         128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "

@@ -127,7 +127,13 @@ def is_regression(task) -> bool:
 
 
 def compute_metrics(task, predictions, references) -> dict[str, float]:
-    """``{metric: value}`` for ``task`` (see ``metric_names``); ``combined`` is the mean of the others."""
+    """``{metric: value}`` for ``task`` (see ``metric_names``); ``combined`` is the mean of the others.
+    An embedding task (``TaskSpec.is_embedding``) scores embeddings ``(N, D)`` against the teacher's
+    (``references``, ``(N, D)``) with :func:`linearize.embeddings.agreement`."""
+    if getattr(task, "is_embedding", False):
+        from .embeddings import agreement
+
+        return agreement(predictions, references)
     names = metric_names(task)
     preds = np.asarray(predictions)
     labels = np.asarray(references)

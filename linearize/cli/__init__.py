@@ -38,10 +38,12 @@ LayersOpt = Annotated[Optional[str], typer.Option(
 OptionOpt = Annotated[Optional[list[str]], typer.Option(
     "--option", "-o", help="A method option as key=value, e.g. projections=16 (repeatable).")]
 TaskOpt = Annotated[str, typer.Option("--task", help="A GLUE task (sst2, mrpc, ...), moviereviews, moviereviews-long, "
-                                                     "fashion-mnist, imagefolder, files, or a Hub data set id.")]
+                                                     "embeddings, fashion-mnist, imagefolder, files, or a Hub data set "
+                                                     "id.")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Local data: GLUE's own layout, an image "
                                                                       "folder, or Fashion-MNIST IDX files.")]
-TrainFileOpt = Annotated[Optional[Path], typer.Option("--train-file", help="CSV/TSV/JSON(L) training file.")]
+TrainFileOpt = Annotated[Optional[Path], typer.Option(
+    "--train-file", help="CSV/TSV/JSON(L) training file (--task embeddings: also .txt, one sentence a line).")]
 ValidationFileOpt = Annotated[Optional[Path], typer.Option("--validation-file", help="CSV/TSV/JSON(L) dev file.")]
 TestFileOpt = Annotated[Optional[Path], typer.Option("--test-file", help="CSV/TSV/JSON(L) test file (reported only).")]
 TextColumnOpt = Annotated[str, typer.Option("--text-column", help="Text column of data files.")]

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..recipes import parse_options
-from . import LayersOpt, OptionOpt, ThreadsOpt, app, console, friendly_errors, parse_layers, set_threads
+from . import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, console, friendly_errors, parse_layers,
+               set_threads)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]
@@ -18,12 +19,13 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 @friendly_errors
 def run_command(
     recipe: Annotated[Optional[str], typer.Argument(
-        help="A built-in recipe (minilm-moviereviews, minilm-longreviews, vit-fashionmnist, bert-base-glue, "
-             "roberta-base-glue, vit-base-imagenet) or a YAML file. Default: minilm-moviereviews.")] = None,
+        help="A built-in recipe (minilm-moviereviews, minilm-longreviews, minilm-embeddings, vit-fashionmnist, "
+             "bert-base-glue, roberta-base-glue, vit-base-imagenet) or a YAML file. Default: minilm-moviereviews.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Run folder (default runs/<recipe>-<method>).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Override the recipe's method.")] = None,
     task: Annotated[Optional[str], typer.Option("--task", help="Override the recipe's task.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="Override the recipe's model.")] = None,
+    train_file: TrainFileOpt = None,
     layers: LayersOpt = None,
     option: OptionOpt = None,
     seed: Annotated[Optional[int], typer.Option(help="Override the recipe's seed.")] = None,
@@ -42,7 +44,8 @@ def run_command(
     Runs again with the same --out resume after the last finished stage.
 
     Examples: linearize run --quick; linearize run vit-fashionmnist --method hedgehog;
-    linearize run bert-base-glue --task mrpc --set data.data_dir=~/glue
+    linearize run bert-base-glue --task mrpc --set data.data_dir=~/glue;
+    linearize run minilm-embeddings --train-file my_sentences.txt
     """
     from ..pipeline import run
     from ..recipes import load_recipe, parse_set
@@ -52,6 +55,8 @@ def run_command(
     for key, value in (("method", method), ("task", task), ("model", model), ("seed", seed)):
         if value is not None:
             overrides[key] = value
+    if train_file is not None:
+        overrides.setdefault("data", {})["train_file"] = str(train_file)
     if layers is not None:
         overrides["layers"] = parse_layers(layers)
     if option:

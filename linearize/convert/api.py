@@ -16,7 +16,7 @@ from huggingface_hub.errors import StrictDataclassError
 from ..attention.feature_maps import check_method_options
 from ..config import SlidingWindowConfig
 from ..errors import LinearizeError
-from . import positions, resolution
+from . import positions, resolution, sentence_transformers
 from .backends import backend_for, backend_for_block, hf_attention
 from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
 from .loading import check_loading_info, read_linearize_block  # noqa: F401  (public names)
@@ -121,6 +121,9 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     if max_length is not None:  # after attach: the model owns its config now
         positions.extend_positions(model, max_length, position_init)
         block.update(max_length=max_length, position_init=position_init)
+        if sentence_transformers.BLOCK_KEY in block:  # sentence-transformers' max_seq_length follows
+            block[sentence_transformers.BLOCK_KEY] = sentence_transformers.with_max_length(
+                block[sentence_transformers.BLOCK_KEY], max_length)
     if image_size is not None:
         resolution.resize_image_positions(model, image_size)
         block["image_size"] = image_size

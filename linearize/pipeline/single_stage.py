@@ -40,22 +40,26 @@ def load_model_for_task(model, spec, head=None):
             import linearize
 
             return linearize.load(path), True
-    default_head = "image-classification" if spec.kind == "image" else "sequence-classification"
+    default_head = "image-classification" if spec.kind == "image" else "base" if spec.is_embedding else \
+        "sequence-classification"
     return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
 
 
 def _stage_inputs(model, task, data, head=None):
     """``(task data, model, converted?)`` of a single stage."""
-    from .inputs import load_data, load_processor
+    from .inputs import embedding_inputs, load_data, load_processor
 
     recipe = validate_recipe(stage_recipe(model, task, data=data))
     with main_process_first():  # several processes: a download (or a cache) is made once
         loaded, spec = load_data(recipe)
+        similarity = None
+        if spec.is_embedding:
+            spec, similarity = embedding_inputs(recipe, spec)
         net, converted = load_model_for_task(model, spec, head)
         processor = load_processor(recipe, spec)
     if converted:
         check_head(net, spec, model)
-    return TaskData(recipe, loaded, spec, processor), net, converted
+    return TaskData(recipe, loaded, spec, processor, similarity=similarity), net, converted
 
 
 def _work_dir(out):
@@ -113,10 +117,16 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     config = (config or FinetuneConfig()).check()
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(model, task, data, head)
-    check_task_head(net, model)
     if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
+    if not task_data.spec.is_embedding:
+        check_task_head(net, model)
+    elif teacher is None:
+        raise LinearizeError("the embeddings task learns a teacher's sentence embeddings: pass --teacher (the "
+                             "softmax model, e.g. the source checkpoint)")
+    else:  # no labels: the teacher's embeddings are the targets
+        task_data.set_targets(teacher)
     loaders = task_data.loaders(config.batch_size, config.seed)
     result = finetune(net, loaders["train"], loaders["validation"], task_data.spec, _work_dir(out), config=config,
                       resume=resume, teacher=teacher, progress=progress, log=log,
@@ -137,6 +147,10 @@ def is_stage1_output(model):
 def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
     task_data, net, converted = _stage_inputs(model, task, data, head)
+    if task_data.spec.is_embedding:
+        raise LinearizeError("an embedding model is scored against its teacher's embeddings: `linearize run "
+                             "minilm-embeddings` (or `linearize finetune --task embeddings --teacher SOURCE`) "
+                             "reports them")
     check_task_head(net, model)
     check_head(net, task_data.spec, model)
     task_data.recipe["eval"]["batch_size"] = batch_size

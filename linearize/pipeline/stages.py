@@ -53,9 +53,13 @@ class RunContext:
         return self.task.loaders(batch_size, self.seed)["train"]
 
     def score(self, model):
-        """``{split: metrics}`` on the selection split and the report split."""
+        """``{split: metrics}`` on the selection split and the report split (an embedding task with
+        a similarity file: its Spearman correlation, ``sts_spearman``, with the report split's)."""
         splits = ["validation"] + ([self.report_split] if self.report_split != "validation" else [])
-        return scores(model, self.eval_loaders, self.task.spec, splits, self.progress)
+        result = scores(model, self.eval_loaders, self.task.spec, splits, self.progress)
+        if self.task.similarity is not None:
+            result[self.report_split]["sts_spearman"] = self.task.similarity_spearman(model)
+        return result
 
     def finish(self, stage, model, result):
         """Score ``model``, save it into the stage's folder, record ``result`` and drop its checkpoints."""
@@ -123,6 +127,8 @@ def start_run(recipe, out_dir, *, overwrite, progress, log, report_to="none"):
     log(f"[1/6] data: {recipe['task']}")
     with main_process_first():  # several processes: a download (or a cache) is made once
         task = TaskData.load(recipe)
+    if task.spec.is_embedding:  # the teacher is the encoder as it is: its embeddings are the target
+        recipe = dict(recipe, head="base", teacher=dict(recipe["teacher"], finetune=False))
     report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
     eval_loaders = task.loaders(recipe["eval"]["batch_size"], recipe["seed"])
     return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started, report_to)
@@ -157,13 +163,18 @@ def share_teacher(ctx, teacher_from):
 def teacher_stage(ctx):
     """The softmax teacher: the finished one, or the source model fine-tuned on the task (or, with
     ``teacher.finetune: false``, taken as it is)."""
-    if ctx.state.done("teacher"):
+    done = ctx.state.done("teacher")
+    if done:
         ctx.log("[2/6] teacher: reusing the finished teacher")
         teacher, result = load_saved(ctx.out_dir / "teacher", converted=False), ctx.state.get("teacher")
     else:
         teacher, result = _make_teacher(ctx)
-        ctx.finish("teacher", teacher, result)
     teacher.eval()
+    if ctx.task.spec.is_embedding:  # the teacher's embeddings: the target and the reference of every score
+        ctx.task.set_targets(teacher)
+        ctx.eval_loaders = ctx.task.loaders(ctx.recipe["eval"]["batch_size"], ctx.seed)
+    if not done:
+        ctx.finish("teacher", teacher, result)
     return teacher, result
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..attention.feature_maps import method_notes
 from ..convert.config_block import decode_block
+from ..convert.sentence_transformers import BLOCK_KEY as ST_BLOCK_KEY
 from ..convert.heads import head_for_class
 from ..errors import LinearizeError
 from .markdown import selection_note
@@ -149,6 +150,14 @@ def _auto_class(config, architecture):
 def usage_snippet(repo_id, config, block, files):
     """Python code that downloads and runs the model (``trust_remote_code=True``)."""
     architecture = block.get("architecture") or ""
+    if block.get(ST_BLOCK_KEY):  # a sentence-transformers model: how most people use it
+        return "\n".join([
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            f"model = SentenceTransformer({json.dumps(repo_id)}, trust_remote_code=True)",
+            'embeddings = model.encode(["An engrossing, beautifully acted film.", "A dull, overlong mess."])',
+            "print(embeddings.shape, model.similarity(embeddings, embeddings))",
+        ])
     if block.get("base_model_type") == "timm":
         return "\n".join([
             "import torch",
@@ -244,7 +253,8 @@ def card_data(repo_id, config, report=None):
     results = eval_results(report, pipeline_tag, task_display, dataset) if report else []
     return ModelCardData(license=license_, library_name=None if block.get("base_model_type") == "timm" else
                          "transformers", base_model=hub_id,
-                         tags=["linear-attention", block.get("method", "unknown"), "linearize"],
+                         tags=["linear-attention", block.get("method", "unknown"), "linearize"] +
+                         (["sentence-transformers"] if block.get(ST_BLOCK_KEY) else []),
                          datasets=[dataset[0]] if dataset and dataset[0] else None, pipeline_tag=pipeline_tag,
                          model_name=repo_id.split("/")[-1] if results else None, eval_results=results or None)
 
@@ -260,9 +270,15 @@ def _recovery_section(report, figures):
     recovery = report.recovery()
     lines = ["## Recovery", ""]
     if names and (teacher or student):
-        lines += [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
-                  "task) against this linear-attention student. Recovery is the student's score as a "
-                  "percentage of the teacher's.", ""]
+        if report.task.embedding:
+            lines += [f"Agreement with the softmax teacher's sentence embeddings on the held-out **{split}** "
+                      "sentences: mean cosine between the two embeddings of each sentence (the score; the teacher's "
+                      "own is 1), top-10 retrieval overlap (each sentence as a query against the others) and, with "
+                      "a labelled similarity set, Spearman correlation (sts_spearman) with its scores.", ""]
+        else:
+            lines += [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
+                      "task) against this linear-attention student. Recovery is the student's score as a "
+                      "percentage of the teacher's.", ""]
         header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
                  ["Linear student", "Recovery"]
         lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
@@ -272,7 +288,8 @@ def _recovery_section(report, figures):
             cells += [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"]
             lines.append("| " + " | ".join(cells) + " |")
         if recovery.average is not None:
-            lines += ["", f"Average recovery: **{recovery.average:.1f} %**."]
+            what = f"Recovery ({report.primary_metric})" if report.task.embedding else "Average recovery"
+            lines += ["", f"{what}: **{recovery.average:.1f} %**."]
         if selection_note(report):
             lines += ["", f"Model selection: {selection_note(report)}"]
         lines.append("")
@@ -368,7 +385,12 @@ def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     block = decode_block(config.get("linearize")) or {}
     lines = _about(repo_id, block, report)
     if report:
-        if "student_stage1" in report.scores or "stage1" in report.recipe:
+        if report.task.embedding:
+            lines += ["The softmax teacher (the source model as it is) trained this student without labels, in two "
+                      "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, stage 2 "
+                      "distils the teacher's pooled, normalised sentence embeddings (mean squared error, Reimers & "
+                      "Gurevych 2020, eq. 1).", ""]
+        elif "student_stage1" in report.scores or "stage1" in report.recipe:
             lines += ["The softmax teacher (the source model fine-tuned on the task) trained this student in two "
                       "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, "
                       "stage 2 fine-tunes the whole student on the task.", ""]

@@ -117,6 +117,27 @@ def render_markdown(report):
 
 
 def _summary(report):
+    lines = _embedding_lines(report) if report.task.embedding else _recovery_lines(report)
+    attention = report.attention
+    before, after = attention.mean_kl_before, attention.mean_kl_after
+    worst, key = attention.worst_layer()
+    if attention.stage1_skipped and before is not None:
+        text = f"Stage 1 was skipped; attention KL to the teacher, mean over layers: {before:.3f}"
+    elif before is not None and after is not None:
+        text = f"Attention KL to the teacher, mean over layers: {before:.3f} → {after:.3f} through stage 1"
+    elif before is not None or after is not None:
+        text = f"Attention KL to the teacher, mean over layers: {(before if before is not None else after):.3f}"
+    else:
+        text = None
+    if text:
+        if worst is not None and key.startswith("kl"):
+            text += f"; layer {worst.layer} lags most ({getattr(worst, key):.3f})"
+        lines += ["", text + "."]
+    return lines
+
+
+def _recovery_lines(report):
+    """The summary's recovery sentence."""
     split, names = report.split, report.metric_names
     student = report.recovery("student")
     lines = []
@@ -142,22 +163,28 @@ def _summary(report):
                           "split, so it is the saved student.")
     else:
         lines.append(f"No student score on the {split} split was recorded, so the recovery is unknown.")
-    attention = report.attention
-    before, after = attention.mean_kl_before, attention.mean_kl_after
-    worst, key = attention.worst_layer()
-    if attention.stage1_skipped and before is not None:
-        text = f"Stage 1 was skipped; attention KL to the teacher, mean over layers: {before:.3f}"
-    elif before is not None and after is not None:
-        text = f"Attention KL to the teacher, mean over layers: {before:.3f} → {after:.3f} through stage 1"
-    elif before is not None or after is not None:
-        text = f"Attention KL to the teacher, mean over layers: {(before if before is not None else after):.3f}"
-    else:
-        text = None
-    if text:
-        if worst is not None and key.startswith("kl"):
-            text += f"; layer {worst.layer} lags most ({getattr(worst, key):.3f})"
-        lines += ["", text + "."]
     return lines
+
+
+def _embedding_lines(report):
+    """The summary of an embedding task: agreement with the teacher's embeddings, mean cosine first
+    (the score: the recovery is it × 100, the teacher's agreement with itself being 1)."""
+    split = report.split
+    student, teacher, stage1 = (report.scores_of(stage) for stage in ("student", "teacher", "student_stage1"))
+    cosine = finite(student.get("cosine"))
+    if cosine is None:
+        return [f"No student score on the {split} split was recorded, so the agreement is unknown."]
+    line = (f"**The linear student's sentence embeddings agree with the teacher's: mean cosine {cosine:.3f} on the "
+            f"held-out {split} sentences** (the score: recovery {_fmt_pct(100 * cosine)})")
+    if finite(student.get("top10_overlap")) is not None:
+        line += f"; top-10 retrieval overlap {student['top10_overlap']:.3f}"
+    if finite(student.get("sts_spearman")) is not None:
+        line += (f"; Spearman correlation with the similarity set's scores {student['sts_spearman']:.3f} "
+                 f"(teacher {_fmt_score(teacher.get('sts_spearman'))})")
+    line += "."
+    if finite(stage1.get("cosine")) is not None:
+        line += f" After stage 1 alone the mean cosine was {stage1['cosine']:.3f}."
+    return [line]
 
 
 def _scores_section(report):
@@ -175,7 +202,8 @@ def _scores_section(report):
         return []
     lines = ["## Scores", ""]
     multi = len(names) > 1
-    header = ["model"] + [f"{name} ({split})" for name in names] + ["recovery (average)" if multi else "recovery"]
+    total = f"recovery ({report.primary_metric})" if report.task.embedding else "recovery (average)"
+    header = ["model"] + [f"{name} ({split})" for name in names] + [total if multi else "recovery"]
     rows = []
     for key, label in stages:
         on_split = scores(key, split)
@@ -194,6 +222,12 @@ def _scores_section(report):
         rows.append([label] + cells + [_fmt_pct(average, bold=(key == "student"))])
     lines.append(_table(header, rows))
     lines += ["", f"Recovery = student ÷ teacher × 100 on the {split} split (LUNA Table 2)."]
+    if report.task.embedding:
+        lines[-1] += (" An embedding task has no labels: the teacher's embeddings are the reference, so its own "
+                      "cosine and overlap are 1; cosine is the mean cosine between teacher and student embeddings of "
+                      "each sentence, top10_overlap the mean share of each sentence's 10 nearest neighbours (in "
+                      "the split's sentences) both find, sts_spearman (with a similarity file) the rank correlation "
+                      "of cosine similarities with its scores.")
     if selection and selection != split:
         sel_rows = [[label] + [_fmt_score(scores(key, selection).get(name)) for name in names]
                     for key, label in stages if scores(key, selection)]

@@ -17,7 +17,8 @@ for readers of the file.
      "recipe": {...},            # the full resolved recipe (shown as YAML)
      "task": {"name": "moviereviews", "kind": "text" | "image", "metric_names": ["accuracy"],
               "primary_metric": "accuracy", "selection_split": "validation", "report_split": "test",
-              "num_examples": {"train": 2880, "validation": 320, "test": 800}},
+              "num_examples": {"train": 2880, "validation": 320, "test": 800},
+              "embedding": true},        # (embedding tasks only) metrics: cosine, top10_overlap, sts_spearman
      "model": {"source": "minilm", "architecture": "BertForSequenceClassification", "method": "luna",
                "options": {}, "layers": [0, 1, 2, 3, 4, 5], "num_attention_layers": 6,
                "parameters_base": 22713986, "parameters_added": 5472, "parameters_added_percent": 0.024},
@@ -214,6 +215,7 @@ class TaskInfo:
     selection_split: str | None = None
     report_split: str | None = None
     num_examples: dict = field(default_factory=dict)
+    embedding: bool | None = None  #: an embedding task: scores are agreement with the teacher's embeddings
 
     @classmethod
     def from_json(cls, data):
@@ -503,8 +505,12 @@ class Report:
 
     def recovery(self, stage="student"):
         """The :class:`Recovery` of ``stage`` (``"student"``: after stage 2; ``"student_stage1"``)
-        against the teacher, on the report split."""
+        against the teacher, on the report split. An embedding task's recovery is its score, the
+        mean cosine to the teacher's embeddings (× 100; the teacher's own is 1), not the average
+        over its metrics."""
         per_metric, average = recovery(self.scores_of("teacher"), self.scores_of(stage))
+        if self.task.embedding:
+            average = per_metric.get(self.primary_metric)
         return Recovery(split=self.split, per_metric=per_metric, average=average)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from ...errors import LinearizeError
 from ...io import atomic_write_json
 from ..config_block import decode_block, encode_block
+from .. import sentence_transformers
 from ..loading import check_loading_info, check_weights, read_linearize_block
 from . import hf_attention
 from . import hf_remote_code as remote_code
@@ -64,9 +65,13 @@ class HFBackend:
         return hf_attention.sliding_window_layers(model)
 
     def record(self, model, source):
-        return {"source": source or getattr(model.config, "_name_or_path", None) or None,
-                "base_model_type": model.config.model_type, "architecture": type(model).__name__,
-                "previous_attn_implementation": model.config._attn_implementation}
+        source = source or getattr(model.config, "_name_or_path", None) or None
+        record = {"source": source, "base_model_type": model.config.model_type, "architecture": type(model).__name__,
+                  "previous_attn_implementation": model.config._attn_implementation}
+        st_files = sentence_transformers.read_files(source)  # a sentence-transformers model keeps its modules
+        if st_files:
+            record[sentence_transformers.BLOCK_KEY] = st_files
+        return record
 
     def attach(self, model, method, layers, options, block):
         _own_config(model)
@@ -149,6 +154,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     data["auto_map"] = auto_map
     data["linearize"] = encode_block(block)  # versioned on disk, {"_type", "_version", "_data"}
     atomic_write_json(path, data)
+    sentence_transformers.write_files(save_directory, block)
 
 
 def base_config(directory):

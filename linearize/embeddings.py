@@ -1,0 +1,165 @@
+"""Sentence embeddings: pooling as sentence-transformers does it, the agreement metrics of an
+embedding student with its teacher, and the embedding-distillation loss.
+
+linearize computes these itself (sentence-transformers is not needed): the pooling a folder's
+``1_Pooling/config.json`` and ``modules.json`` describe (:func:`folder_pooling`), applied to the
+encoder's last hidden state (:func:`embed`), gives exactly ``SentenceTransformer(dir).encode``
+for a Transformer → Pooling (→ Normalize) model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import LinearizeError
+
+#: sentence-transformers' pooling modes, in the order its Pooling module concatenates them
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "lasttoken")
+_CONFIG_KEYS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+                "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens", "lasttoken": "pooling_mode_lasttoken"}
+TOP_K = 10  # the retrieval overlap's k
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token states become one sentence vector: ``modes`` concatenated, then L2-normalised
+    when ``normalize``; ``max_length`` is the folder's ``max_seq_length`` (None: not set)."""
+
+    modes: tuple[str, ...] = ("mean",)
+    normalize: bool = True
+    max_length: int | None = None
+
+    def __post_init__(self):
+        unknown = [mode for mode in self.modes if mode not in POOLING_MODES]
+        if unknown or not self.modes:
+            raise LinearizeError(f"pooling modes {list(self.modes)} are not supported; linearize pools with "
+                                 f"{', '.join(POOLING_MODES)}")
+
+
+def pooling_from_files(files):
+    """The :class:`Pooling` of a sentence-transformers files dict
+    (``convert.sentence_transformers.read_files``); mean pooling, normalised, when ``files`` is None."""
+    from .convert.sentence_transformers import MODULES, pooling_config
+
+    if not files:
+        return Pooling()
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in files.get(MODULES, [])]
+    extra = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
+    if extra:
+        raise LinearizeError(f"the model's sentence-transformers modules include {', '.join(extra)}: linearize's "
+                             "embedding task handles Transformer → Pooling (→ Normalize) models only")
+    config, normalize, max_length = pooling_config(files)
+    config = config or {}
+    if config.get("pooling_mode"):  # newer sentence-transformers: one named mode
+        modes = (str(config["pooling_mode"]).replace("_tokens", "").replace("_token", ""),)
+    else:
+        modes = tuple(mode for mode in POOLING_MODES if config.get(_CONFIG_KEYS[mode]))
+    return Pooling(modes=modes or ("mean",), normalize=normalize, max_length=max_length)
+
+
+def folder_pooling(source):
+    """The :class:`Pooling` of a model folder, alias or Hub id (its sentence-transformers files),
+    or of a converted folder (the files its conversion record carries)."""
+    import json
+    from pathlib import Path
+
+    from .convert.loading import resolve_model_name
+    from .convert.sentence_transformers import BLOCK_KEY, read_files
+
+    path = Path(resolve_model_name(str(source))) / "config.json"
+    if path.is_file():
+        from .convert.config_block import decode_block
+
+        block = decode_block(json.loads(path.read_text()).get("linearize")) or {}
+        if block.get(BLOCK_KEY):
+            return pooling_from_files(block[BLOCK_KEY])
+    return pooling_from_files(read_files(source))
+
+
+def pool(hidden, mask, pooling):
+    """Sentence vectors ``[B, D·len(modes)]`` from token states ``hidden [B, T, D]`` and the
+    attention ``mask [B, T]``: the pooling strategies of Reimers & Gurevych 2019, "Sentence-BERT:
+    Sentence Embeddings using Siamese BERT-Networks", §3 (CLS token, mean or max over the tokens;
+    mean_sqrt_len divides the sum by √n, lasttoken takes the last real token), concatenated in
+    sentence-transformers' order, then u/‖u‖ when ``pooling.normalize``."""
+    mask = mask.unsqueeze(-1).to(hidden.dtype)
+    count = mask.sum(1).clamp(min=1e-9)
+    parts = []
+    for mode in pooling.modes:
+        if mode == "cls":
+            parts.append(hidden[:, 0])
+        elif mode == "max":
+            parts.append(hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(1).values)
+        elif mode == "mean":
+            parts.append((hidden * mask).sum(1) / count)
+        elif mode == "mean_sqrt_len":
+            parts.append((hidden * mask).sum(1) / count.sqrt())
+        else:  # lasttoken: the last position the mask keeps (right padding)
+            last = mask[..., 0].cumsum(1).argmax(1)
+            parts.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+    vectors = torch.cat(parts, dim=-1)
+    return torch.nn.functional.normalize(vectors, dim=-1) if pooling.normalize else vectors
+
+
+def embed(model, inputs, pooling):
+    """``model``'s sentence embeddings of a tokenised batch (labels and other non-inputs ignored)."""
+    inputs = {k: v for k, v in inputs.items() if k not in ("labels", "label", "idx")}
+    hidden = model(**inputs).last_hidden_state
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
+    return pool(hidden, mask, pooling)
+
+
+def distillation_loss(student, teacher):
+    """Embedding distillation: the mean squared error between the student's and the teacher's
+    sentence embeddings, Reimers & Gurevych 2020, "Making Monolingual Sentence Embeddings
+    Multilingual using Knowledge Distillation", eq. 1 (1/|β| Σ_j ‖M(s_j) − M̂(s_j)‖², here with
+    student M̂ and teacher M on the same sentence), averaged over the embedding's dimensions too."""
+    return torch.nn.functional.mse_loss(student.float(), teacher.float())
+
+
+# ---------------------------------------------------------------- agreement metrics
+
+def _unit(vectors):
+    vectors = np.asarray(vectors, dtype=np.float64)
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+
+def mean_cosine(student, teacher):
+    """Mean over sentences of cos(student_i, teacher_i)."""
+    return float(np.mean(np.sum(_unit(student) * _unit(teacher), axis=1)))
+
+
+def top_k_overlap(student, teacher, k=TOP_K):
+    """Retrieval agreement on a corpus: every sentence queries the corpus (itself excluded) by cosine
+    similarity, under the teacher's and the student's embeddings; the mean over queries of
+    |top-k(teacher) ∩ top-k(student)| / k (k shrinks to the corpus size − 1 when smaller)."""
+    student, teacher = _unit(student), _unit(teacher)
+    n = len(teacher)
+    k = min(k, n - 1)
+    if k < 1:
+        raise LinearizeError("the top-k retrieval overlap needs at least two sentences")
+    overlaps = []
+    for similarities in (teacher @ teacher.T, student @ student.T):
+        np.fill_diagonal(similarities, -np.inf)  # a sentence does not retrieve itself
+        overlaps.append(np.argpartition(-similarities, k - 1, axis=1)[:, :k])
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(*overlaps)]))
+
+
+def similarity_spearman(first, second, gold):
+    """Spearman correlation between cos(first_i, second_i) and the gold similarity scores (the STS
+    benchmark's measure, Cer et al. 2017, "SemEval-2017 Task 1: Semantic Textual Similarity", as
+    Reimers & Gurevych 2019 §4.1 use it); 0 when either side is constant."""
+    from .metrics import spearmanr
+
+    cosine = np.sum(_unit(first) * _unit(second), axis=1)
+    return spearmanr(cosine, np.asarray(gold, dtype=np.float64))
+
+
+def agreement(student, teacher):
+    """``{"cosine", "top10_overlap"}`` of student against teacher embeddings of one corpus."""
+    return {"cosine": mean_cosine(student, teacher), f"top{TOP_K}_overlap": top_k_overlap(student, teacher)}

@@ -1,0 +1,266 @@
+"""Sentence embedding models end to end: sentence-transformers folders kept through conversion, the
+label-free ``embeddings`` task through ``linearize run``, and the agreement metrics."""
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from typer.testing import CliRunner
+
+import linearize
+from linearize.cli import app
+from linearize.convert.api import convert_checkpoint, load_processor
+from linearize.embeddings import (Pooling, agreement, distillation_loss, embed, folder_pooling, mean_cosine, pool,
+                                  pooling_from_files, similarity_spearman, top_k_overlap)
+from linearize.errors import LinearizeError
+
+st = pytest.importorskip("sentence_transformers", reason="pip install sentence-transformers (the test extra)")
+
+runner = CliRunner()
+TEXTS = ["A warm, funny and moving film.", "The plot is dull", "query about linear attention and long documents",
+         "short"]
+SENTENCES = [f"{adjective} film number {i} with a {noun}" for i in range(12)
+             for adjective, noun in (("a moving", "great cast"), ("a dull", "weak script"))]
+
+
+def save_tiny_sentence_transformer(directory, tokenizer_path, modes=("mean",), normalize=True, max_seq_length=24):
+    """A tiny random BERT encoder saved as a sentence-transformers folder (Transformer → Pooling →
+    [Normalize]), with the real MiniLM tokenizer, a max_seq_length and a prompt."""
+    tokenizer = T.AutoTokenizer.from_pretrained(tokenizer_path)
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, initializer_range=0.2)
+    T.BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir()
+    keys = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, **{key: name in modes for name, key in keys.items()}}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                                     "do_lower_case": False}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
+    return directory
+
+
+def linearize_embeddings(folder, texts, max_length):
+    """``linearize.load`` + the folder's pooling, computed by linearize (no sentence-transformers)."""
+    model, tokenizer = linearize.load(folder), load_processor(folder)
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.no_grad():
+        return embed(model, batch, folder_pooling(folder))
+
+
+def check_round_trip(folder, max_seq_length, normalized=True):
+    """``SentenceTransformer(folder, trust_remote_code=True)`` keeps the folder's modules and gives
+    linearize's embeddings."""
+    model = st.SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    assert model.max_seq_length == max_seq_length
+    encoded = model.encode(TEXTS, convert_to_tensor=True)
+    ours = linearize_embeddings(folder, TEXTS, max_seq_length)
+    assert torch.allclose(encoded, ours, atol=1e-5), (encoded - ours).abs().max()
+    norms = encoded.norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-5) == normalized
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_st(tmp_path_factory, minilm_path):
+    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("st") / "tiny-st", minilm_path)
+
+
+@pytest.mark.parametrize("method", ["hedgehog", "luna"])
+def test_converted_sentence_transformers_folder_round_trips(tiny_st, tmp_path, method):
+    out = tmp_path / "converted"
+    convert_checkpoint(str(tiny_st), method, out)
+    for name in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
+                 "config_sentence_transformers.json"):
+        assert json.loads((out / name).read_text()) == json.loads((tiny_st / name).read_text()), name
+    model = check_round_trip(out, 24)
+    assert model.prompts["query"] == "query: "
+    assert [type(module).__name__ for module in model] == ["Transformer", "Pooling", "Normalize"]
+
+
+def test_pooling_without_normalize_is_kept(tmp_path, minilm_path):
+    source = save_tiny_sentence_transformer(tmp_path / "cls-st", minilm_path, modes=("cls",), normalize=False)
+    out = tmp_path / "converted"
+    convert_checkpoint(str(source), "t2r", out)
+    assert folder_pooling(out) == Pooling(modes=("cls",), normalize=False, max_length=24)
+    check_round_trip(out, 24, normalized=False)
+
+
+def test_max_seq_length_follows_extended_positions(tiny_st, tmp_path):
+    out = tmp_path / "long"
+    convert_checkpoint(str(tiny_st), "hedgehog", out, max_length=600)
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 600
+    check_round_trip(out, 600)
+
+
+def test_resaved_and_push_staged_folders_stay_sentence_transformers(tiny_st, tmp_path):
+    from linearize import push
+
+    source, out = shutil.copytree(tiny_st, tmp_path / "source"), tmp_path / "converted"
+    convert_checkpoint(str(source), "hedgehog", out)
+    shutil.rmtree(source)  # the conversion record carries the files: the source is not needed to save again
+    linearize.load(out).save_pretrained(tmp_path / "resaved")
+    load_processor(out).save_pretrained(tmp_path / "resaved")
+    check_round_trip(tmp_path / "resaved", 24)
+    staged = push.stage(push.plan(out, "me/tiny-embeddings", no_report=True), tmp_path / "staged")
+    check_round_trip(staged, 24)
+    assert "SentenceTransformer(" in (staged / "README.md").read_text()
+
+
+def test_a_plain_transformers_source_gets_no_sentence_transformers_files(tmp_path, minilm_path):
+    from tests.tiny_models import save_tiny_text_classifier
+
+    source = save_tiny_text_classifier(tmp_path / "plain", minilm_path)
+    convert_checkpoint(str(source), "hedgehog", tmp_path / "out")
+    assert not (tmp_path / "out" / "modules.json").exists()
+    assert folder_pooling(tmp_path / "out") == Pooling()  # mean pooling, normalised: the task's default
+
+
+def test_real_minilm_round_trips_through_sentence_transformers(minilm_path, tmp_path):
+    out = tmp_path / "minilm-luna"
+    convert_checkpoint("minilm", "luna", out)
+    model = check_round_trip(out, 256)
+    assert [type(module).__name__ for module in model] == ["Transformer", "Pooling", "Normalize"]
+
+
+# ---- the embeddings task through `linearize run` -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "sentences.txt").write_text("\n".join(SENTENCES) + "\n\n")
+    with open(root / "sts.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["sentence1", "sentence2", "score"])
+        for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])):
+            writer.writerow([a, b, i % 5])
+    return root
+
+
+def test_embeddings_task_runs_end_to_end_without_labels(tiny_st, corpus, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "minilm-embeddings", "--model", str(tiny_st), "--method", "hedgehog",
+                                 "--train-file", str(corpus / "sentences.txt"), "--out", str(out),
+                                 "--set", f"data.similarity_file={corpus / 'sts.csv'}", "--set", "data.max_length=24",
+                                 "--set", "stage1.batch_size=8", "--set", "stage2.batch_size=8",
+                                 "--set", "stage2.lr=1e-3", "--set", "eval.batch_size=8",
+                                 "--set", "eval.latency_repeats=1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"]["embedding"] is True and report["task"]["primary_metric"] == "cosine"
+    assert report["task"]["num_examples"] == {"train": 17, "validation": 2, "test": 5}  # 24 sentences: 20 % test
+    assert report["recipe"]["head"] == "base" and report["recipe"]["teacher"]["finetune"] is False
+    teacher, student = report["scores"]["teacher"]["test"], report["scores"]["student"]["test"]
+    assert teacher["cosine"] == pytest.approx(1.0) and teacher["top10_overlap"] == pytest.approx(1.0)
+    assert -1 <= student["cosine"] <= 1 and 0 <= student["top10_overlap"] <= 1
+    assert {"sts_spearman"} <= set(teacher) & set(student)
+    assert report["recovery"]["average"] == pytest.approx(100 * student["cosine"])  # the score: the mean cosine
+    assert "mean cosine" in (out / "report.md").read_text()
+    # the saved student is a sentence-transformers model whose embeddings the report scored
+    check_round_trip(out / "model", 24)
+
+
+def test_single_stages_on_embeddings_keep_the_sentence_transformers_folder(tiny_st, corpus, tmp_path):
+    data = ["--task", "embeddings", "--train-file", str(corpus / "sentences.txt"), "--max-length", "24"]
+    distilled, tuned = tmp_path / "s1", tmp_path / "s2"
+    result = runner.invoke(app, ["distill", str(tiny_st), "--method", "hedgehog", "--out", str(distilled),
+                                 "--batch-size", "8", *data])
+    assert result.exit_code == 0, result.output
+    check_round_trip(distilled, 24)
+    result = runner.invoke(app, ["finetune", str(distilled), "--out", str(tuned), *data])
+    assert result.exit_code != 0 and "--teacher" in result.output  # no labels: the targets are a teacher's
+    result = runner.invoke(app, ["finetune", str(distilled), "--teacher", str(tiny_st), "--out", str(tuned),
+                                 "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", *data])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((tuned / "finetune.json").read_text())["scores"]
+    assert set(scores["test"]) == {"cosine", "top10_overlap"}
+    check_round_trip(tuned, 24)
+    result = runner.invoke(app, ["eval", "text", str(tuned), *data])
+    assert result.exit_code != 0 and "teacher" in result.output
+
+
+# ---- the metrics and the pooling on known inputs -----------------------------------------------
+
+def test_identical_embeddings_agree_fully_and_rotations_keep_the_neighbours():
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(30, 8))
+    assert agreement(teacher, teacher) == pytest.approx({"cosine": 1.0, "top10_overlap": 1.0})
+    rotation, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    rotated = teacher @ rotation  # every pairwise similarity kept, each vector moved
+    assert top_k_overlap(rotated, teacher) == pytest.approx(1.0)
+    assert mean_cosine(rotated, teacher) < 0.9
+    assert mean_cosine(-teacher, teacher) == pytest.approx(-1.0)
+    assert top_k_overlap(-teacher, teacher) == pytest.approx(1.0)
+
+
+def test_top_k_overlap_by_hand():
+    def unit(degrees):
+        return np.stack([np.cos(np.radians(degrees)), np.sin(np.radians(degrees))], axis=1)
+
+    # nearest neighbours: teacher 0->10, 10->0, 90->10; student 0->80, 80->90, 90->80: queries agree 1, 0, 1
+    assert top_k_overlap(unit([0, 80, 90]), unit([0, 10, 90]), k=1) == pytest.approx(2 / 3)
+    assert top_k_overlap(unit([0, 80, 90]), unit([0, 10, 90]), k=10) == pytest.approx(1.0)  # k shrinks to 2
+    with pytest.raises(LinearizeError, match="two sentences"):
+        top_k_overlap(unit([0]), unit([0]))
+
+
+def test_similarity_spearman_ranks_cosines_against_the_gold_scores():
+    first = np.array([[1.0, 0.0]] * 4)
+    second = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [-1.0, 0.2]])  # cosines fall: 1, 0.71, 0, -0.98
+    assert similarity_spearman(first, second, [5, 3, 2, 0]) == pytest.approx(1.0)
+    assert similarity_spearman(first, second, [0, 2, 3, 5]) == pytest.approx(-1.0)
+
+
+def test_pooling_ignores_padding_and_normalises():
+    hidden = torch.tensor([[[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.allclose(pool(hidden, mask, Pooling(("mean",), normalize=False)), torch.tensor([[2.0, 2.0]]))
+    assert torch.allclose(pool(hidden, mask, Pooling(("max",), normalize=False)), torch.tensor([[3.0, 4.0]]))
+    assert torch.allclose(pool(hidden, mask, Pooling(("cls",), normalize=False)), torch.tensor([[1.0, 0.0]]))
+    assert torch.allclose(pool(hidden, mask, Pooling(("lasttoken",), normalize=False)), torch.tensor([[3.0, 4.0]]))
+    both = pool(hidden, mask, Pooling(("cls", "mean"), normalize=True))
+    assert torch.allclose(both, torch.tensor([[1.0, 0.0, 2.0, 2.0]]) / 3.0)
+
+
+def test_pooling_from_sentence_transformers_files():
+    files = {"modules.json": [{"path": "", "type": "sentence_transformers.models.Transformer"},
+                              {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+             "1_Pooling/config.json": {"pooling_mode_max_tokens": True},
+             "sentence_bert_config.json": {"max_seq_length": 128}}
+    assert pooling_from_files(files) == Pooling(("max",), normalize=False, max_length=128)
+    assert pooling_from_files(None) == Pooling(("mean",), normalize=True)
+    dense = {**files, "modules.json": files["modules.json"] + [{"path": "2_Dense",
+                                                                "type": "sentence_transformers.models.Dense"}]}
+    with pytest.raises(LinearizeError, match="Dense"):
+        pooling_from_files(dense)
+
+
+def test_distillation_loss_is_the_mean_squared_error():
+    student, teacher = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    assert float(distillation_loss(student, student)) == 0.0
+    assert float(distillation_loss(student, teacher)) == pytest.approx(1.0)  # (1 + 1) / 2 dimensions
+
+
+def test_sentence_files_split_into_disjoint_train_dev_test(corpus, tmp_path):
+    from linearize.data import load_task_data
+
+    data, spec = load_task_data("embeddings", train_file=str(corpus / "sentences.txt"), seed=3)
+    assert spec.is_embedding and spec.metric_names == ("cosine", "top10_overlap")
+    texts = {split: set(ds["text"]) for split, ds in data.items()}
+    assert sum(map(len, texts.values())) == len(SENTENCES)
+    assert not (texts["train"] & texts["test"]) and not (texts["validation"] & texts["test"])
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(LinearizeError, match="no sentences"):
+        load_task_data("embeddings", train_file=str(tmp_path / "empty.txt"))
