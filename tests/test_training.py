@@ -545,3 +545,13 @@ def test_a_resumed_metrics_log_forgets_the_steps_after_the_checkpoint(tmp_path):
     assert [entry["step"] for entry in _jsonl(path)] == [1, 2, 3]
     append_jsonl(None, {"step": 4})  # not the main process: nothing is written
     assert len(_jsonl(path)) == 3
+
+
+def test_stages_with_different_mixed_precision_in_one_process_each_get_their_own():
+    """accelerate refuses a second precision in a process; a run whose teacher trains in float32 and
+    whose student trains in bf16 (or back) needs both, in the order it asks for them."""
+    from linearize.training import make_accelerator
+
+    assert make_accelerator("no").mixed_precision == "no"
+    assert make_accelerator("bf16").mixed_precision == "bf16"
+    assert make_accelerator("no").mixed_precision == "no"

@@ -57,9 +57,23 @@ def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_
     if mixed_precision == "fp16" and not _has_device():
         raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
                              "use bf16 or no")
+    _forget_other_precision(mixed_precision)
     return Accelerator(mixed_precision=None if mixed_precision == "no" else mixed_precision, cpu=_cpu_processes(),
                        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
                        **tracking_arguments(report_to, checkpoint_dir))
+
+
+def _forget_other_precision(mixed_precision):
+    """accelerate keeps one mixed-precision setting per process and refuses another one later; a
+    run whose stages differ (teacher in float32, stage 2 in bf16), or a library caller training
+    twice, asks for another. Then its state is reset (the process group, kept in ``PartialState``,
+    stays) so the new stage gets what it asked for; ``no`` means the launcher's setting."""
+    from accelerate.state import AcceleratorState
+
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    wanted = mixed_precision if mixed_precision != "no" else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if current is not None and current != wanted:
+        AcceleratorState._reset_state()
 
 
 def process_state():
