@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from linearize.cli import app
 from linearize.errors import LinearizeError
-from linearize.threads import set_threads
+from linearize.threads import BUSY_LOAD, set_threads, wait_policy_choice
 
 POLICY = "import os, sys; {first}; print(os.environ.get('OMP_WAIT_POLICY'))"
 
@@ -22,13 +22,17 @@ def policy_after(first, **env):
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_importing_linearize_first_asks_for_passive_waiting():
-    assert policy_after("import linearize") == "PASSIVE"
+def test_a_busy_machine_gets_passive_waiting_and_a_quiet_one_libgomps_default():
+    assert wait_policy_choice({}, torch_loaded=False, load=BUSY_LOAD) == "PASSIVE"
+    assert wait_policy_choice({}, torch_loaded=False, load=0.1) is None
+    # the user's choice, and a torch loaded before linearize (libgomp has read its environment), win
+    assert wait_policy_choice({"OMP_WAIT_POLICY": "ACTIVE"}, torch_loaded=False, load=2.0) is None
+    assert wait_policy_choice({"GOMP_SPINCOUNT": "10000"}, torch_loaded=False, load=2.0) is None
+    assert wait_policy_choice({}, torch_loaded=True, load=2.0) is None
 
 
-def test_the_users_policy_and_an_already_loaded_torch_are_left_alone():
+def test_importing_linearize_keeps_the_users_policy_and_leaves_a_loaded_torch_alone():
     assert policy_after("import linearize", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-    # libgomp read the environment when torch loaded: setting it afterwards would only mislead
     assert policy_after("import torch, linearize") == "None"
 
 

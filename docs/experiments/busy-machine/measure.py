@@ -22,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-#: (label, OMP_NUM_THREADS, OMP_WAIT_POLICY or None for libgomp's default)
-SETTINGS = [("2 threads, default wait", 2, None), ("2 threads, passive wait", 2, "PASSIVE"),
-            ("1 thread", 1, None)]
+#: (label, OMP_NUM_THREADS, the OpenMP environment: libgomp's default wait spins up to
+#: GOMP_SPINCOUNT=300000 times before sleeping; PASSIVE sleeps at once)
+SETTINGS = [("2 threads, default wait", 2, {}), ("2 threads, passive wait", 2, {"OMP_WAIT_POLICY": "PASSIVE"}),
+            ("2 threads, spin 10k then sleep", 2, {"GOMP_SPINCOUNT": "10000"}), ("1 thread", 1, {})]
 SPIN = "while True: pass"
 
 
@@ -61,11 +62,9 @@ def worker(steps, inferences):
                       "latency_ms": 1000 * statistics.median(latencies[1:]), "threads": torch.get_num_threads()}))
 
 
-def run_setting(threads, policy, steps, inferences):
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    env.pop("OMP_WAIT_POLICY", None)
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+def run_setting(threads, openmp, steps, inferences):
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **openmp)
     done = subprocess.run([sys.executable, __file__, "--worker", "--steps", str(steps), "--inferences", str(inferences)],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -77,9 +76,9 @@ def measure(busy_counts, steps, inferences):
         spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
         try:
             time.sleep(1.0 if busy else 0.0)
-            for label, threads, policy in SETTINGS:
+            for label, threads, openmp in SETTINGS:
                 load = os.getloadavg()[0]
-                result = run_setting(threads, policy, steps, inferences)
+                result = run_setting(threads, openmp, steps, inferences)
                 rows.append({"busy": busy, "setting": label, "load_before": round(load, 2), **result})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
