@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -154,7 +155,29 @@ def print_scores(result, title):
 
 
 def main():
-    app()
+    succeeded = False
+    try:
+        app()
+        succeeded = True
+    except SystemExit as done:
+        succeeded = done.code in (None, 0)
+        raise
+    finally:
+        leave_process_group(succeeded)
+
+
+def leave_process_group(succeeded):
+    """Under ``torchrun`` / ``accelerate launch``: meet the other processes (after a success
+    only: a failed process must not wait for ones that may never come) and destroy the process
+    group before the interpreter exits. Left to the interpreter's shutdown, a gloo group can
+    abort a process that has finished its work ("terminate called without an active
+    exception", exit -6) while another still talks to it."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    if succeeded:
+        distributed.barrier()
+    distributed.destroy_process_group()
 
 
 from . import convert  # noqa: E402,F401  (registers the commands)
