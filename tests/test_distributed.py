@@ -48,3 +48,20 @@ def test_two_process_distillation_equals_one_process_with_the_same_global_batch(
     for name, weight in job.feature_map_weights(model).items():
         torch.testing.assert_close(two["weights"][name], weight, atol=1e-6, rtol=1e-5, msg=name)
         assert not torch.equal(weight, untrained[name])  # it trained
+
+
+def test_the_cli_meets_the_others_and_leaves_its_process_group_before_exiting(tmp_path, monkeypatch):
+    """``linearize.cli.main`` destroys the process group a command joined (a gloo group left to
+    the interpreter's shutdown can abort a finished rank), after a barrier on success only."""
+    import linearize.cli as cli
+
+    calls = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    for code, expected in ((0, ["barrier"]), (1, [])):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{code}'}", rank=0, world_size=1)
+        monkeypatch.setattr(cli, "app", lambda: sys.exit(code))
+        calls.clear()
+        with pytest.raises(SystemExit):
+            cli.main()
+        assert calls == expected and not dist.is_initialized()
+    cli.leave_process_group(True)  # no group: nothing to do

@@ -223,7 +223,7 @@ class _FineTuning:
         self.resumed = saved is not None
         if self.resumed:
             self.meta.update(saved)
-            log(f"stage 2 resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
+            log(f"fine-tuning resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
                 f"from {output_dir}")
 
     def start(self, score, primary):
