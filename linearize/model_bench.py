@@ -207,9 +207,10 @@ def measure_lengths(models, reference, seq_lens, *, batch_size=1, repeats=5, war
 
 # ---- 1. whole models at long lengths ---------------------------------------------------------------
 
-def converted_copies(base, specs, max_length, seed=0):
+def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=False):
     """``(models, refused, layers, partial)``: a converted deep copy of ``base`` per method spec
-    (positions extended to ``max_length`` by ``convert`` where given), convert's reason for each
+    (positions extended to ``max_length`` by ``convert`` where given; sliding-window layers converted
+    to windowed linear attention with ``convert_sliding_window``), convert's reason for each
     method it refuses, the attention layers each conversion converted, and the labels of the
     conversions that left some attention layers softmax (e.g. sliding-window layers)."""
     from .convert import convert, linearize_config
@@ -219,7 +220,8 @@ def converted_copies(base, specs, max_length, seed=0):
         candidate = copy.deepcopy(base)
         torch.manual_seed(seed)
         try:
-            convert(candidate, name, max_length=max_length, **options)
+            convert(candidate, name, max_length=max_length, convert_sliding_window=convert_sliding_window or None,
+                    **options)
         except LinearizeError as error:
             refused[label] = str(error)
             continue
@@ -232,7 +234,7 @@ def converted_copies(base, specs, max_length, seed=0):
 
 
 def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
-                   softmax_max_bytes=None, seed=0, log=None, placement=CPU):
+                   softmax_max_bytes=None, seed=0, log=None, placement=CPU, convert_sliding_window=False):
     """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets."""
     from .convert.positions import extend_positions
 
@@ -243,7 +245,7 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
     if extend is not None:
         extend_positions(softmax, extend)
     softmax_label = f"softmax ({getattr(base.config, '_attn_implementation', None) or 'default'})"
-    models, refused, layers, partial = converted_copies(base, specs, extend, seed)
+    models, refused, layers, partial = converted_copies(base, specs, extend, seed, convert_sliding_window)
     for label, reason in refused.items():
         if log:
             log(f"{name}: {label} not measured: {reason}")
@@ -284,14 +286,16 @@ def long_targets(rows, labels, reference):
 
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print, device="cpu", dtype="fp32", clock="wall"):
+                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
     :func:`linearize.bench.run_bench` takes them (default :func:`default_long_methods`).
     ``softmax_max_bytes``: the memory cap of :func:`softmax_skip_reason` (default: half the
     machine's memory; on CUDA half the GPU's). ``device`` / ``dtype`` / ``clock``:
-    as :func:`linearize.bench.run_bench`. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
+    as :func:`linearize.bench.run_bench`. ``convert_sliding_window``: convert sliding-window layers
+    too (ModernBERT's local layers, to windowed linear attention; by default they stay softmax).
+    Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
     ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
     ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
     ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
@@ -308,6 +312,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     result = {"machine": None, "complete": False,
               "config": {"seq_lens": seq_lens, "batch_size": batch_size, **placement.record(), "repeats": repeats,
                          "warmup": warmup, "memory": memory, "softmax_max_bytes": softmax_max_bytes, "seed": seed,
+                         "convert_sliding_window": bool(convert_sliding_window),
                          "methods": {label: {"method": name, "options": options} for label, name, options in specs},
                          "crossover_rule": CROSSOVER_RULE},
               "targets": {"labels": target_labels(specs), "min_speedup": {str(n): s for n, s in LONG_TARGETS.items()}},
@@ -320,7 +325,8 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
             result["models"].append(bench_geometry(name, model, specs, seq_lens, batch_size=batch_size,
                                                    repeats=repeats, warmup=warmup, memory=memory,
                                                    softmax_max_bytes=softmax_max_bytes, seed=seed, log=log,
-                                                   placement=placement))
+                                                   placement=placement,
+                                                   convert_sliding_window=convert_sliding_window))
             result["elapsed_s"] = round(time.time() - started, 1)
             write_long(result)  # after every geometry: a crash keeps the finished ones
     result["complete"] = True
@@ -506,7 +512,9 @@ def long_markdown(result):
              *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
              *([] if result.get("complete") else ["**Partial: the run has not finished every model yet.**"]),
              f"Batch {cfg['batch_size']}, {cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed rounds, "
-             "candidates interleaved; medians. Crossover: " + cfg["crossover_rule"] + ".", ""]
+             "candidates interleaved; medians. Crossover: " + cfg["crossover_rule"] + ".",
+             *(["Sliding-window layers converted too (windowed linear attention, `--convert-sliding-window`)."]
+               if cfg.get("convert_sliding_window") else []), ""]
     for entry in result["models"]:
         lines += _geometry_markdown(entry)
     return "\n".join(lines)

@@ -187,3 +187,26 @@ def test_long_bench_command(tmp_path):
     result = runner.invoke(app, ["bench", "--long", "--geometries", str(folder), "--seq-lens", "0,64",
                                  "--out", str(tmp_path / "bad")])
     assert result.exit_code == 1 and "lengths must be positive" in result.output
+
+
+def test_long_bench_converts_sliding_window_layers_only_when_asked(tmp_path):
+    from linearize.model_bench import run_long_bench
+
+    torch.manual_seed(0)
+    config = T.ModernBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                intermediate_size=64, local_attention=4, global_attn_every_n_layers=3,
+                                max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                cls_token_id=1, sep_token_id=2)
+    model = T.ModernBertModel(config).eval()
+    for convert_sliding_window, layers in ((False, [0]), (True, [0, 1, 2])):
+        out = tmp_path / str(convert_sliding_window)
+        run_long_bench(out, geometries={"tiny-modernbert": model}, methods=["t2r"], seq_lens=(16,), threads=1,
+                       repeats=1, warmup=0, memory=False, log=None, convert_sliding_window=convert_sliding_window)
+        data = json.loads((out / "bench-long.json").read_text())
+        entry = data["models"][0]
+        assert data["config"]["convert_sliding_window"] is convert_sliding_window
+        assert entry["info"]["converted_layers"] == {"t2r": layers}
+        assert entry["info"]["keeps_softmax_layers"] == ([] if convert_sliding_window else ["t2r"])
+        assert ("Sliding-window layers converted too" in (out / "bench-long.md").read_text()) is convert_sliding_window
+    result = runner.invoke(app, ["bench", "--convert-sliding-window", "--model", "none", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "add --long" in result.output

@@ -37,6 +37,9 @@ def bench_command(
     geometries: Annotated[str, typer.Option(
         help="With --long: models to measure: minilm (positions extended), modernbert-base (random weights), "
              "or folders / Hub ids.")] = "minilm,modernbert-base",
+    convert_sliding_window: Annotated[bool, typer.Option(
+        "--convert-sliding-window", help="With --long: convert sliding-window layers too (ModernBERT's local "
+                                         "layers, to windowed linear attention); by default they stay softmax.")] = False,
     softmax_max_gib: Annotated[Optional[float], typer.Option(
         help="Skip whole-model softmax where one layer's N×N matrices would pass this many GiB (default: half "
              "the machine's memory).")] = None,
@@ -66,9 +69,12 @@ def bench_command(
     cap = None if softmax_max_gib is None else int(softmax_max_gib * 2**30)
     common = dict(batch_size=batch_size, threads=threads, repeats=repeats, warmup=warmup, memory=memory,
                   device=device, dtype=dtype, clock=clock, log=console.print)
+    if convert_sliding_window and not long:
+        raise LinearizeError("--convert-sliding-window applies to whole models at long lengths: add --long")
     if long:
         result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
                                 methods=methods or None, softmax_max_bytes=cap,
+                                convert_sliding_window=convert_sliding_window,
                                 **({"seq_lens": _ints(seq_lens)} if seq_lens else {}), **common)
     elif is_converted_folder(model):
         if methods:
