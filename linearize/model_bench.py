@@ -220,8 +220,7 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
         candidate = copy.deepcopy(base)
         torch.manual_seed(seed)
         try:
-            convert(candidate, name, max_length=max_length, convert_sliding_window=convert_sliding_window or None,
-                    **options)
+            convert(candidate, name, max_length=max_length, convert_sliding_window=convert_sliding_window, **options)
         except LinearizeError as error:
             refused[label] = str(error)
             continue

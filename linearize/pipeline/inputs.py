@@ -181,9 +181,7 @@ class TaskData:
         pools as the source model's sentence-transformers files say (``embeddings.folder_pooling``)
         and reads ``data.similarity_file``."""
         data, spec = load_data(recipe)
-        similarity = None
-        if spec.is_embedding:
-            spec, similarity = embedding_inputs(recipe, spec)
+        spec, similarity = embedding_inputs(recipe, spec)
         processor = load_processor(recipe, spec)
         return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor,
                    similarity=similarity)
@@ -259,12 +257,15 @@ class TaskData:
 
 
 def embedding_inputs(recipe, spec):
-    """An embedding task's spec pooled as the source model is, and its similarity pairs (or None)."""
+    """``(spec, similarity pairs or None)``: an embedding task's spec pooled as the source model is,
+    and its similarity file's pairs; any other task's ``spec`` as it is, and None."""
     import dataclasses
 
     from ..data.sentences import read_similarity_pairs
     from ..embeddings import folder_pooling
 
+    if not spec.is_embedding:
+        return spec, None
     if isinstance(recipe["model"], dict):
         raise LinearizeError("the embeddings task distils a pretrained encoder's embeddings; set model to a "
                              "checkpoint, not a config")

@@ -52,9 +52,7 @@ def _stage_inputs(model, task, data, head=None):
     recipe = validate_recipe(stage_recipe(model, task, data=data))
     with main_process_first():  # several processes: a download (or a cache) is made once
         loaded, spec = load_data(recipe)
-        similarity = None
-        if spec.is_embedding:
-            spec, similarity = embedding_inputs(recipe, spec)
+        spec, similarity = embedding_inputs(recipe, spec)
         net, converted = load_model_for_task(model, spec, head)
         processor = load_processor(recipe, spec)
     if converted:
