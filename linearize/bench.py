@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
 from .placement import CPU, Placement
-from .threads import set_threads
+from .threads import cpu_snapshot, other_processes_cores, set_threads
 
 DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MODEL_SEQ_LENS = (128, 512)
@@ -108,28 +108,6 @@ def machine_info():
         "mkl": bool(torch.backends.mkl.is_available()),
         "load_average_start": _load_average(),
     }
-
-
-def _cpu_snapshot():
-    """``(wall s, CPU s busy on the whole machine, CPU s of this process)`` or None off Linux."""
-    import resource
-
-    try:
-        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.monotonic(), (sum(fields[:8]) - idle) / ticks, usage.ru_utime + usage.ru_stime
-
-
-def _other_load(start, end):
-    """Average number of cores other processes kept busy between two :func:`_cpu_snapshot`."""
-    if start is None or end is None or end[0] <= start[0]:
-        return None
-    other = (end[1] - start[1]) - (end[2] - start[2])
-    return round(max(other, 0.0) / (end[0] - start[0]), 3)
 
 
 def _busy_warning(machine):
@@ -736,7 +714,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     try:
         machine = machine_info()
         started = time.time()
-        snapshot = _cpu_snapshot()
+        snapshot = cpu_snapshot()
         attention = bench_attention(specs, seq_lens, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
                                     repeats=repeats, warmup=warmup, memory=memory, eager_max_bytes=eager_max_bytes,
                                     seed=seed, log=log, placement=placement)
@@ -746,7 +724,7 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
                                      warmup=warmup, memory=memory, seed=seed, log=log, placement=placement)
             model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
         machine["load_average_end"] = _load_average()
-        machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
+        machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
         machine["busy_warning"] = _busy_warning(machine)
         result = {
             "machine": machine,

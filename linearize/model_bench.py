@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from .bench import (_busy_warning, _cpu_snapshot, _load_average, _measure, _method_specs, _model_inputs,
-                    _other_load, crossover_text, crossovers, machine_info)
+from .bench import (_busy_warning, _load_average, _measure, _method_specs, _model_inputs, crossover_text, crossovers,
+                    machine_info)
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
 from .placement import CPU, Placement
-from .threads import set_threads
+from .threads import cpu_snapshot, other_processes_cores, set_threads
 
 DEFAULT_LONG_SEQ_LENS = (512, 2048, 4096, 8192, 16384)
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
@@ -168,10 +168,10 @@ def measuring(threads=None):
     set_threads(threads)
     try:
         machine = machine_info()
-        snapshot = _cpu_snapshot()
+        snapshot = cpu_snapshot()
         yield machine
         machine["load_average_end"] = _load_average()
-        machine["other_processes_cores"] = _other_load(snapshot, _cpu_snapshot())
+        machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
         machine["busy_warning"] = _busy_warning(machine)
     finally:
         torch.set_num_threads(saved)

@@ -15,42 +15,85 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from .errors import LinearizeError
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
-#: the 1-minute load average from which the machine counts as busy: another process kept about a
-#: core busy (a quiet machine reads 0.0-0.3)
-BUSY_LOAD = 0.75
+#: other processes' CPU use (cores kept busy, sampled as linearize starts) from which the machine
+#: counts as busy: another process keeps about a core busy (a quiet machine reads 0.0-0.1)
+BUSY_CORES = 0.75
+#: how long :func:`busy_cores` samples the machine's CPU counters (the kernel counts in 10 ms ticks)
+SAMPLE_SECONDS = 0.15
 
 
 def prefer_passive_wait():
     """Apply :func:`wait_policy_choice` to this process (before torch loads); return the policy in
     force: ``"PASSIVE"``, the user's choice, or None (libgomp's default)."""
-    choice = wait_policy_choice(os.environ, "torch" in sys.modules, _load_average())
+    choice = wait_policy_choice(os.environ, "torch" in sys.modules, busy_cores)
     if choice is not None:
         os.environ[WAIT_POLICY] = choice
     return os.environ.get(WAIT_POLICY)
 
 
-def wait_policy_choice(environ, torch_loaded, load):
-    """``"PASSIVE"`` when the machine is busy (a 1-minute ``load`` average of at least
-    :data:`BUSY_LOAD`), else None: libgomp's default spinning, which a quiet machine runs the many
-    small ops of a converted model ~20-35% faster with (docs/experiments/busy-machine). None too
-    when the user chose a policy or spin count in ``environ``, or torch is already loaded (libgomp
-    read its environment then)."""
+def wait_policy_choice(environ, torch_loaded, busy):
+    """``"PASSIVE"`` when other processes keep at least :data:`BUSY_CORES` cores busy (``busy()``,
+    e.g. :func:`busy_cores`, called only when there is a choice to make), else None: libgomp's
+    default spinning, which a quiet machine runs the many small ops of a converted model ~20-35%
+    faster with (docs/experiments/busy-machine). None too when the user chose a policy or spin
+    count in ``environ``, or torch is already loaded (libgomp read its environment then)."""
     if torch_loaded or WAIT_POLICY in environ or "GOMP_SPINCOUNT" in environ:
         return None
-    return "PASSIVE" if load >= BUSY_LOAD else None
+    cores = busy()
+    return "PASSIVE" if cores is not None and cores >= BUSY_CORES else None
+
+
+def busy_cores(seconds=SAMPLE_SECONDS):
+    """Cores other processes keep busy now: the machine's busy CPU time over ``seconds`` (from
+    ``/proc/stat``) less this process's own, while this process sleeps. Off Linux, the 1-minute
+    load average.
+
+    Not the load average on Linux: it decays over a minute, so the linearize command that just
+    finished (a ``distill`` before a ``finetune``, the previous ``bench``) would read as another
+    busy process for a minute after it ended, and the next command would wait passively on a
+    quiet machine."""
+    start = cpu_snapshot()
+    if start is None:
+        return _load_average()
+    time.sleep(seconds)
+    return other_processes_cores(start, cpu_snapshot())
+
+
+def cpu_snapshot():
+    """``(wall s, CPU s busy on the whole machine, CPU s of this process)`` or None off Linux."""
+    import resource
+
+    try:
+        with open("/proc/stat") as stat:
+            fields = [float(x) for x in stat.readline().split()[1:]]
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), (sum(fields[:8]) - idle) / ticks, usage.ru_utime + usage.ru_stime
+
+
+def other_processes_cores(start, end):
+    """Average number of cores other processes kept busy between two :func:`cpu_snapshot`."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    other = (end[1] - start[1]) - (end[2] - start[2])
+    return round(max(other, 0.0) / (end[0] - start[0]), 3)
 
 
 def _load_average():
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):  # not on this platform
-        return 0.0
+        return None
 
 
 def set_threads(threads):

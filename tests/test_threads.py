@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from linearize.cli import app
 from linearize.errors import LinearizeError
-from linearize.threads import BUSY_LOAD, set_threads, wait_policy_choice
+from linearize.threads import BUSY_CORES, busy_cores, cpu_snapshot, other_processes_cores, set_threads, wait_policy_choice
 
 POLICY = "import os, sys; {first}; print(os.environ.get('OMP_WAIT_POLICY'))"
 
@@ -23,12 +23,31 @@ def policy_after(first, **env):
 
 
 def test_a_busy_machine_gets_passive_waiting_and_a_quiet_one_libgomps_default():
-    assert wait_policy_choice({}, torch_loaded=False, load=BUSY_LOAD) == "PASSIVE"
-    assert wait_policy_choice({}, torch_loaded=False, load=0.1) is None
+    assert wait_policy_choice({}, torch_loaded=False, busy=lambda: BUSY_CORES) == "PASSIVE"
+    assert wait_policy_choice({}, torch_loaded=False, busy=lambda: 0.1) is None
+    assert wait_policy_choice({}, torch_loaded=False, busy=lambda: None) is None  # unknown: the default
+
+    def must_not_sample():
+        raise AssertionError("the machine was sampled although there was nothing to choose")
+
     # the user's choice, and a torch loaded before linearize (libgomp has read its environment), win
-    assert wait_policy_choice({"OMP_WAIT_POLICY": "ACTIVE"}, torch_loaded=False, load=2.0) is None
-    assert wait_policy_choice({"GOMP_SPINCOUNT": "10000"}, torch_loaded=False, load=2.0) is None
-    assert wait_policy_choice({}, torch_loaded=True, load=2.0) is None
+    assert wait_policy_choice({"OMP_WAIT_POLICY": "ACTIVE"}, torch_loaded=False, busy=must_not_sample) is None
+    assert wait_policy_choice({"GOMP_SPINCOUNT": "10000"}, torch_loaded=False, busy=must_not_sample) is None
+    assert wait_policy_choice({}, torch_loaded=True, busy=must_not_sample) is None
+
+
+def test_other_processes_cores_leaves_out_this_processs_own_cpu_time():
+    # snapshots are (wall s, machine busy CPU s, this process's CPU s): over 2 s the machine was
+    # busy 3 CPU s, 1 of them this process's, so others kept 1 core busy
+    assert other_processes_cores((10.0, 100.0, 5.0), (12.0, 103.0, 6.0)) == 1.0
+    assert other_processes_cores((10.0, 100.0, 5.0), (12.0, 101.0, 7.0)) == 0.0  # tick rounding: never negative
+    assert other_processes_cores(None, (12.0, 101.0, 7.0)) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="samples Linux's /proc/stat")
+def test_busy_cores_samples_the_machine_now():
+    cores = busy_cores(0.05)
+    assert 0.0 <= cores <= os.cpu_count() + 0.5  # the kernel counts in ticks: allow rounding
 
 
 def test_importing_linearize_keeps_the_users_policy_and_leaves_a_loaded_torch_alone():
