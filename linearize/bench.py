@@ -128,6 +128,23 @@ def _load_average():
         return None
 
 
+@contextlib.contextmanager
+def measuring(threads=None):
+    """Set torch's threads for a run (restored after) and yield the machine record, which gains
+    the load at the end and how busy other processes kept the CPU."""
+    saved = torch.get_num_threads()
+    set_threads(threads)
+    try:
+        machine = machine_info()
+        snapshot = cpu_snapshot()
+        yield machine
+        machine["load_average_end"] = _load_average()
+        machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
+        machine["busy_warning"] = _busy_warning(machine)
+    finally:
+        torch.set_num_threads(saved)
+
+
 # ---- measurement primitives ----------------------------------------------------------------------
 
 def _timed(fn, placement=CPU):
@@ -526,79 +543,97 @@ def _softmax_labels(rows):
 
 def markdown_report(result):
     """The tables of ``bench.md``."""
-    cfg, machine = result["config"], result["machine"]
-    lines = ["# linearize benchmark: linear attention against softmax", "",
-             f"Machine: {machine['cpu_model']}, {machine['usable_cores']} usable cores, torch {machine['torch']}, "
-             f"{machine['torch_threads']} threads; load average at start {machine['load_average_start']}, "
-             f"at end {machine.get('load_average_end')}; other processes used "
-             f"{machine.get('other_processes_cores')} cores on average during the run.",
-             *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
-             f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
-             f"{cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed "
-             f"rounds, candidates interleaved; medians in ms of "
-             f"{'process CPU time' if cfg.get('clock') == 'cpu' else 'wall-clock time'}. ×sdpa = sdpa time / method "
-             "time (above 1: faster than sdpa).",
-             "Peak memory: extra MiB allocated during one forward, output included (CPU: PyTorch's allocator through "
-             "torch.profiler memory events; CUDA: torch.cuda.max_memory_allocated).", ""]
-    rows = result["attention"]
-    labels = _softmax_labels(rows) + result["methods"]
-    lines += ["## Attention layer: median latency (ms)", "",
-              "| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
-    for row in rows:
-        cells = []
-        for label in labels:
-            entry = row["results"].get(label)
-            if entry is None:
-                cells.append("skipped")
-            elif label == SDPA:
-                cells.append(f"{entry['median_ms']:.2f}")
-            else:
-                cells.append(f"{entry['median_ms']:.2f} ({1 / entry['time_vs_sdpa']:.2f}×)")
-        lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
-    if any("peak_extra_bytes" in e for row in rows for e in row["results"].values()):
-        lines += ["", "## Attention layer: peak extra memory (MiB)", "",
-                  "| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
-        for row in rows:
-            cells = [_mib(row["results"][label].get("peak_extra_bytes")) if label in row["results"] else "skipped"
-                     for label in labels]
-            lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+    lines = _header_lines(result["config"], result["machine"])
+    lines += _attention_tables(result["attention"], _softmax_labels(result["attention"]) + result["methods"])
     lines += ["", "## Crossover against sdpa", "", "| method | faster from N | estimated crossover N |", "|---|---:|---:|"]
     for label, cross in result["crossover"].items():
         measured = "never" if cross["measured"] is None else (
             f"≤ {cross['measured']}" if cross["faster_at_all_lengths"] else str(cross["measured"]))
         lines.append(f"| {label} | {measured} | {cross['estimate'] or '—'} |")
     if result.get("model"):
-        model = result["model"]
-        mlabels = list(model["rows"][0]["results"]) if model["rows"] else []
-        lines += ["", f"## Whole model: {model['info']['name']} ({model['info']['architecture']}), median forward ms",
-                  "", f"Ratio in brackets: time / {model['info']['softmax_label']} time (below 1: faster).", "",
-                  "| N | " + " | ".join(mlabels) + " |", "|---:|" + "---:|" * len(mlabels)]
-        for row in model["rows"]:
-            cells = [f"{row['results'][label]['median_ms']:.2f} ({row['results'][label]['time_vs_softmax']:.2f})"
-                     for label in mlabels]
-            lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
-        lines += ["", "Whole model, crossover:", ""] + [
-            f"- {label}: {crossover_text(cross, model['info']['softmax_label'])}"
-            for label, cross in model.get("crossover", {}).items()]
-        if any("peak_extra_bytes" in e for row in model["rows"] for e in row["results"].values()):
-            lines += ["", "Whole model: peak extra memory (MiB) of one forward", "",
-                      "| N | " + " | ".join(mlabels) + " |", "|---:|" + "---:|" * len(mlabels)]
-            for row in model["rows"]:
-                cells = [_mib(row["results"][label].get("peak_extra_bytes")) for label in mlabels]
-                lines.append(f"| {row['seq_len']} | " + " | ".join(cells) + " |")
+        lines += _model_tables(result["model"])
     if result.get("targets"):
-        lines += ["", "## Targets", ""]
-        att = result["targets"].get("attention")
-        if att:
-            lines.append(f"- attention layer at N={att['seq_len']}, every method ≥ {att['min_speedup']}× faster than "
-                         f"sdpa: {'met' if att['all_met'] else 'NOT met'} ("
-                         + ", ".join(f"{k} {v['speedup_vs_sdpa']:.1f}×" for k, v in att["methods"].items()) + ")")
-        mod = result["targets"].get("model")
-        if mod:
-            lines.append(f"- whole model at N={mod['seq_len']}, converted no slower than {mod['reference']}: "
-                         f"{'met' if mod['all_met'] else 'NOT met'} ("
-                         + ", ".join(f"{k} {v['time_vs_softmax']:.2f}" for k, v in mod["methods"].items()) + ")")
+        lines += _target_lines(result["targets"])
     return "\n".join(lines) + "\n"
+
+
+def _markdown_table(rows, labels, cell):
+    """A table with one line per measured length and one column per label: ``cell(row, label)``."""
+    lines = ["| N | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    return lines + [f"| {row['seq_len']} | " + " | ".join(cell(row, label) for label in labels) + " |" for row in rows]
+
+
+def _has_memory(rows):
+    return any("peak_extra_bytes" in entry for row in rows for entry in row["results"].values())
+
+
+def _header_lines(cfg, machine):
+    return [
+        "# linearize benchmark: linear attention against softmax", "",
+        f"Machine: {machine['cpu_model']}, {machine['usable_cores']} usable cores, torch {machine['torch']}, "
+        f"{machine['torch_threads']} threads; load average at start {machine['load_average_start']}, "
+        f"at end {machine.get('load_average_end')}; other processes used "
+        f"{machine.get('other_processes_cores')} cores on average during the run.",
+        *([f"**Warning: {machine['busy_warning']}.**"] if machine.get("busy_warning") else []),
+        f"Attention layer: batch {cfg['batch_size']}, {cfg['num_heads']} heads, head dim {cfg['head_dim']}, "
+        f"{cfg.get('placement', 'cpu, float32')}, no padding; {cfg['warmup']} warm-up + {cfg['repeats']} timed "
+        f"rounds, candidates interleaved; medians in ms of "
+        f"{'process CPU time' if cfg.get('clock') == 'cpu' else 'wall-clock time'}. ×sdpa = sdpa time / method "
+        "time (above 1: faster than sdpa).",
+        "Peak memory: extra MiB allocated during one forward, output included (CPU: PyTorch's allocator through "
+        "torch.profiler memory events; CUDA: torch.cuda.max_memory_allocated).", ""]
+
+
+def _attention_tables(rows, labels):
+    def latency(row, label):
+        entry = row["results"].get(label)
+        if entry is None:
+            return "skipped"
+        if label == SDPA:
+            return f"{entry['median_ms']:.2f}"
+        return f"{entry['median_ms']:.2f} ({1 / entry['time_vs_sdpa']:.2f}×)"
+
+    def memory(row, label):
+        return _mib(row["results"][label].get("peak_extra_bytes")) if label in row["results"] else "skipped"
+
+    lines = ["## Attention layer: median latency (ms)", "", *_markdown_table(rows, labels, latency)]
+    if _has_memory(rows):
+        lines += ["", "## Attention layer: peak extra memory (MiB)", "", *_markdown_table(rows, labels, memory)]
+    return lines
+
+
+def _model_tables(model):
+    rows, info = model["rows"], model["info"]
+    labels = list(rows[0]["results"]) if rows else []
+
+    def latency(row, label):
+        entry = row["results"][label]
+        return f"{entry['median_ms']:.2f} ({entry['time_vs_softmax']:.2f})"
+
+    lines = ["", f"## Whole model: {info['name']} ({info['architecture']}), median forward ms", "",
+             f"Ratio in brackets: time / {info['softmax_label']} time (below 1: faster).", "",
+             *_markdown_table(rows, labels, latency)]
+    lines += ["", "Whole model, crossover:", ""] + [
+        f"- {label}: {crossover_text(cross, info['softmax_label'])}" for label, cross in model.get("crossover", {}).items()]
+    if _has_memory(rows):
+        lines += ["", "Whole model: peak extra memory (MiB) of one forward", "",
+                  *_markdown_table(rows, labels, lambda row, label: _mib(row["results"][label].get("peak_extra_bytes")))]
+    return lines
+
+
+def _target_lines(targets):
+    lines = ["", "## Targets", ""]
+    att = targets.get("attention")
+    if att:
+        lines.append(f"- attention layer at N={att['seq_len']}, every method ≥ {att['min_speedup']}× faster than "
+                     f"sdpa: {'met' if att['all_met'] else 'NOT met'} ("
+                     + ", ".join(f"{k} {v['speedup_vs_sdpa']:.1f}×" for k, v in att["methods"].items()) + ")")
+    mod = targets.get("model")
+    if mod:
+        lines.append(f"- whole model at N={mod['seq_len']}, converted no slower than {mod['reference']}: "
+                     f"{'met' if mod['all_met'] else 'NOT met'} ("
+                     + ", ".join(f"{k} {v['time_vs_softmax']:.2f}" for k, v in mod["methods"].items()) + ")")
+    return lines
 
 
 def plot(result):
@@ -678,6 +713,17 @@ def _atomic_write_bytes(path, data):
 
 # ---- entry point ---------------------------------------------------------------------------------
 
+def _method_notes(placement, clock):
+    """How ``bench.json``'s times and memory were taken (its ``config``)."""
+    return {"timing": f"{'wall clock' if clock == 'wall' else 'process CPU time'} per forward under "
+                      "torch.inference_mode; candidates interleaved (order rotated each round); medians of the "
+                      "timed rounds",
+            "memory_method": "CUDA: torch.cuda.max_memory_allocated during one separate forward minus the bytes "
+                             "allocated before it" if placement.is_cuda else
+                             "peak of the running sum of torch.profiler CPU allocation events during one separate "
+                             "forward (output included, inputs/weights excluded; oneDNN/BLAS scratch not counted)"}
+
+
 def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
               threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
               memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):
@@ -709,12 +755,8 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     specs = _method_specs(methods)
     placement = Placement.parse(device, dtype, clock)  # a bad device, dtype or clock fails before any timing
     labels = [label for label, _, _ in specs]
-    saved_threads = torch.get_num_threads()
-    set_threads(threads)
-    try:
-        machine = machine_info()
+    with measuring(threads) as machine:
         started = time.time()
-        snapshot = cpu_snapshot()
         attention = bench_attention(specs, seq_lens, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
                                     repeats=repeats, warmup=warmup, memory=memory, eager_max_bytes=eager_max_bytes,
                                     seed=seed, log=log, placement=placement)
@@ -723,35 +765,17 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
             info, rows = bench_model(model, specs, model_seq_lens, batch_size=batch_size, repeats=repeats,
                                      warmup=warmup, memory=memory, seed=seed, log=log, placement=placement)
             model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
-        machine["load_average_end"] = _load_average()
-        machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
-        machine["busy_warning"] = _busy_warning(machine)
-        result = {
-            "machine": machine,
-            "config": {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,
-                       **placement.record(), "repeats": repeats, "warmup": warmup, "memory": memory,
-                       "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
-                       "methods": {label: {"method": name, "options": options} for label, name, options in specs},
-                       "timing": f"{'wall clock' if clock == 'wall' else 'process CPU time'} per forward under "
-                                 "torch.inference_mode; candidates interleaved (order rotated each round); medians "
-                                 "of the timed rounds",
-                       "memory_method": "CUDA: torch.cuda.max_memory_allocated during one separate forward minus "
-                                        "the bytes allocated before it" if placement.is_cuda else
-                                        "peak of the running sum of torch.profiler CPU allocation events during "
-                                        "one separate forward (output included, inputs/weights excluded; "
-                                        "oneDNN/BLAS scratch not counted)"},
-            "methods": labels,
-            "attention": attention,
-            "crossover": crossovers(attention, labels),
-            "model": model_part,
-            "elapsed_s": round(time.time() - started, 1),
-        }
-        softmax_label = model_part["info"]["softmax_label"] if model_part else None
-        model_labels = list(labels) if model_part else []
-        result["targets"] = _targets(attention, labels, model_part["rows"] if model_part else [], model_labels,
-                                     softmax_label)
-    finally:
-        torch.set_num_threads(saved_threads)
+    config = {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,
+              **placement.record(), "repeats": repeats, "warmup": warmup, "memory": memory,
+              "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
+              "methods": {label: {"method": name, "options": options} for label, name, options in specs},
+              **_method_notes(placement, clock)}
+    result = {"machine": machine, "config": config, "methods": labels, "attention": attention,
+              "crossover": crossovers(attention, labels), "model": model_part,
+              "elapsed_s": round(time.time() - started, 1)}
+    result["targets"] = _targets(attention, labels, model_part["rows"] if model_part else [],
+                                 list(labels) if model_part else [],
+                                 model_part["info"]["softmax_label"] if model_part else None)
     files = {"json": str(out_dir / "bench.json"), "markdown": str(out_dir / "bench.md"),
              "plot": str(out_dir / "bench.png")}
     result["files"] = files

@@ -22,7 +22,6 @@ interleaved, order rotated each round, medians; peak extra memory from ``torch.p
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime
 import json
@@ -31,12 +30,10 @@ from pathlib import Path
 
 import torch
 
-from .bench import (_busy_warning, _load_average, _measure, _method_specs, _model_inputs, crossover_text, crossovers,
-                    machine_info)
+from .bench import _measure, _method_specs, _model_inputs, crossover_text, crossovers, machine_info, measuring
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
 from .placement import CPU, Placement
-from .threads import cpu_snapshot, other_processes_cores, set_threads
 
 DEFAULT_LONG_SEQ_LENS = (512, 2048, 4096, 8192, 16384)
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
@@ -158,23 +155,6 @@ def model_info(model, softmax_label):
             "hidden_size": getattr(config, "hidden_size", None),
             "num_heads": getattr(config, "num_attention_heads", None),
             "parameters": int(sum(p.numel() for p in model.parameters())), "softmax_label": softmax_label}
-
-
-@contextlib.contextmanager
-def measuring(threads=None):
-    """Set torch's threads for a run (restored after) and yield the machine record, which gains
-    the load at the end and how busy other processes kept the CPU."""
-    saved = torch.get_num_threads()
-    set_threads(threads)
-    try:
-        machine = machine_info()
-        snapshot = cpu_snapshot()
-        yield machine
-        machine["load_average_end"] = _load_average()
-        machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
-        machine["busy_warning"] = _busy_warning(machine)
-    finally:
-        torch.set_num_threads(saved)
 
 
 def measure_lengths(models, reference, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
