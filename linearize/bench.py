@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import allocator
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
 from .placement import CPU, Placement
@@ -104,6 +105,7 @@ def machine_info():
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"),
+        "malloc": allocator.state,
         "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "mkl": bool(torch.backends.mkl.is_available()),
         "load_average_start": _load_average(),

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..allocator import keep_freed_memory
 from ..errors import LinearizeError
 from ..threads import set_threads  # noqa: F401  (the commands' --threads)
 
@@ -155,6 +156,7 @@ def print_scores(result, title):
 
 
 def main():
+    keep_freed_memory()  # the command's steps reuse their freed memory: see linearize/allocator.py
     succeeded = False
     try:
         app()

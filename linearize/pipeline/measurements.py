@@ -123,13 +123,13 @@ def environment():
     """Versions, platform, CPU and thread count of the machine the run measured on."""
     import transformers
 
-    from .. import __version__
+    from .. import __version__, allocator
     from ..bench import cpu_model
 
     cpu = cpu_model()
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default")}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"), "malloc": allocator.state}
 
 
 def data_hash(data):
