@@ -151,25 +151,9 @@ def usage_snippet(repo_id, config, block, files):
     """Python code that downloads and runs the model (``trust_remote_code=True``)."""
     architecture = block.get("architecture") or ""
     if block.get(ST_BLOCK_KEY):  # a sentence-transformers model: how most people use it
-        return "\n".join([
-            "from sentence_transformers import SentenceTransformer",
-            "",
-            f"model = SentenceTransformer({json.dumps(repo_id)}, trust_remote_code=True)",
-            'embeddings = model.encode(["An engrossing, beautifully acted film.", "A dull, overlong mess."])',
-            "print(embeddings.shape, model.similarity(embeddings, embeddings))",
-        ])
+        return _sentence_transformers_snippet(repo_id)
     if block.get("base_model_type") == "timm":
-        return "\n".join([
-            "import torch",
-            "from huggingface_hub import snapshot_download",
-            "import linearize  # timm models load through linearize: pip install linearize",
-            "",
-            f"repo_id = {json.dumps(repo_id)}",
-            "model = linearize.load(snapshot_download(repo_id))",
-            "images = torch.randn(1, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)  # your images",
-            "with torch.no_grad():",
-            "    print(model(images).shape)",
-        ])
+        return _timm_snippet(repo_id)
     auto = _auto_class(config, architecture)
     if auto is None:  # a head no Auto class maps to (DeiT's with-teacher head): load the encoder
         auto, architecture = "AutoModel", ""
@@ -200,22 +184,49 @@ def usage_snippet(repo_id, config, block, files):
     else:
         lines += ["inputs = {\"input_ids\": torch.tensor([[2, 5, 7, 11, 3]])}  # your token ids"]
     lines += ["with torch.no_grad():", "    outputs = model(**inputs)"]
+    lines += _print_lines(config, architecture, masked_lm and has_tokenizer and not vision)
+    return "\n".join(imports + ["", f"repo_id = {json.dumps(repo_id)}"] + lines)
+
+
+def _sentence_transformers_snippet(repo_id):
+    return "\n".join([
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f"model = SentenceTransformer({json.dumps(repo_id)}, trust_remote_code=True)",
+        'embeddings = model.encode(["An engrossing, beautifully acted film.", "A dull, overlong mess."])',
+        "print(embeddings.shape, model.similarity(embeddings, embeddings))",
+    ])
+
+
+def _timm_snippet(repo_id):
+    return "\n".join([
+        "import torch",
+        "from huggingface_hub import snapshot_download",
+        "import linearize  # timm models load through linearize: pip install linearize",
+        "",
+        f"repo_id = {json.dumps(repo_id)}",
+        "model = linearize.load(snapshot_download(repo_id))",
+        "images = torch.randn(1, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)  # your images",
+        "with torch.no_grad():",
+        "    print(model(images).shape)",
+    ])
+
+
+def _print_lines(config, architecture, fills_masks):
+    """The snippet's last lines: what the head's output means (a label, tags, the filled mask, a shape)."""
     if architecture.endswith(("ForSequenceClassification", "ForImageClassification",
                               "ForImageClassificationWithTeacher")):
         if config.get("num_labels", len(config.get("id2label") or {}) or 2) == 1:
-            lines += ["print(float(outputs.logits[0, 0]))  # the regression score"]
-        else:
-            lines += ["print(model.config.id2label[int(outputs.logits.argmax(-1)[0])])"]
-    elif architecture.endswith("ForTokenClassification"):
-        lines += ["print([model.config.id2label[int(i)] for i in outputs.logits.argmax(-1)[0]])"]
-    elif masked_lm and has_tokenizer and not vision:
-        lines += ['masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
-                  "print(tokenizer.decode(outputs.logits[0, masked].argmax(-1)))"]
-    elif head_for_class(architecture) is None:
-        lines += ["print(outputs.last_hidden_state.shape)  # (batch, tokens, hidden size)"]
-    else:
-        lines += ["print(outputs[0].shape)"]
-    return "\n".join(imports + ["", f"repo_id = {json.dumps(repo_id)}"] + lines)
+            return ["print(float(outputs.logits[0, 0]))  # the regression score"]
+        return ["print(model.config.id2label[int(outputs.logits.argmax(-1)[0])])"]
+    if architecture.endswith("ForTokenClassification"):
+        return ["print([model.config.id2label[int(i)] for i in outputs.logits.argmax(-1)[0]])"]
+    if fills_masks:
+        return ['masked = inputs["input_ids"][0] == tokenizer.mask_token_id',
+                "print(tokenizer.decode(outputs.logits[0, masked].argmax(-1)))"]
+    if head_for_class(architecture) is None:
+        return ["print(outputs.last_hidden_state.shape)  # (batch, tokens, hidden size)"]
+    return ["print(outputs[0].shape)"]
 
 
 

@@ -292,6 +292,20 @@ def _cls_figure(report):
     return (_cls_text_figure if "tokens" in entries[0] else _cls_image_figure)(report, entries)
 
 
+def _wrap_tokens(tokens, widths, left, right, gap):
+    """Lines of ``(index, token, x, width)`` boxes: tokens placed left to right from ``left``, a new
+    line where the next box would pass ``right``."""
+    x, line = left, []
+    lines = [line]
+    for i, (token, w) in enumerate(zip(tokens, widths)):
+        if x + w > right and line:
+            x, line = left, []
+            lines.append(line)
+        line.append((i, token, x, w))
+        x += w + gap
+    return lines
+
+
 def _cls_text_figure(report, entries):
     import matplotlib.patches as patches
     from matplotlib.font_manager import FontProperties
@@ -315,16 +329,8 @@ def _cls_text_figure(report, entries):
         # attention, and normalising by them would wash every word out (they are clipped instead).
         content = [i for i, t in enumerate(entry["tokens"]) if not _is_special(t)] or list(range(len(tokens)))
         scale = max([teacher[i] for i in content] + [student[i] for i in content]) or 1.0
-        x, line = label_w, []
-        lines = [line]
-        for i, token in enumerate(tokens):
-            w = text_width(token) + 2 * pad
-            if x + w > width - 8 and line:
-                x, line = label_w, []
-                lines.append(line)
-            line.append((i, token, x, w))
-            x += w + gap
-        for n, line in enumerate(lines):
+        widths = [text_width(token) + 2 * pad for token in tokens]
+        for n, line in enumerate(_wrap_tokens(tokens, widths, label_w, width - 8, gap)):
             layout.append((y, line, teacher, student, scale, n == 0))
             y += 2 * box_h + row_gap + line_gap
         y += sentence_gap - line_gap
