@@ -19,10 +19,12 @@ def faults():
 x = torch.ones(12 * 2**20)  # 48 MiB: above the most glibc's own mmap threshold rises to (32 MiB)
 for _ in range(3):
     (x * 2).sum()
-start = faults()
-for _ in range(20):
+per_step = []
+for _ in range(21):
+    start = faults()
     (x * 2).sum()  # a 48 MiB temporary, allocated and freed each time
-print(json.dumps({"state": state, "faults_per_step": (faults() - start) / 20}))
+    per_step.append(faults() - start)
+print(json.dumps({"state": state, "faults_per_step": sorted(per_step)[10]}))  # the median step
 """
 
 
@@ -37,9 +39,10 @@ def faults_per_step(mode, **env):
 def test_kept_freed_memory_is_not_faulted_in_again_at_every_step():
     default, kept = faults_per_step("default"), faults_per_step("keep")
     assert default["state"] == "glibc default" and kept["state"].startswith("glibc, freed blocks up to 1024 MiB kept")
-    # glibc's default maps a fresh 48 MiB (12,288 pages) for the temporary each step
+    # glibc's default maps a fresh 48 MiB (12,288 pages) for the temporary each step; kept, the heap
+    # serves it again (a step now and then still faults it anew: the median step is compared)
     assert default["faults_per_step"] > 6000
-    assert kept["faults_per_step"] < 10
+    assert kept["faults_per_step"] < 100
 
 
 def test_the_users_allocator_choice_wins():
