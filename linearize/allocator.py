@@ -6,12 +6,12 @@ mmap threshold (128 KiB at first, raised as such blocks are freed, up to 32 MiB)
 back to the system once more than the trim threshold is free there. A model's activations are
 such blocks, allocated and freed again in every forward and backward pass, so every step asks
 the kernel for the same pages again and takes a page fault (and a page of zeroing) for each
-4 KiB: ~5-18 thousand faults per all-MiniLM-L6-v2 forward at batch 8 × 128 tokens, ~31-35
-thousand per training step at 32 × 64 (docs/experiments/cpu-allocator).
+4 KiB: 6-10 thousand faults per all-MiniLM-L6-v2 forward at batch 8 × 128 tokens, 14-53
+thousand per training step at 32 × 64, and 4-9% of the time (docs/experiments/cpu-allocator).
 
 :func:`keep_freed_memory` raises both thresholds to :data:`KEEP_BYTES`: blocks up to that size
 come from the heap and stay there when freed, ready for the next step. The process keeps its peak
-memory instead of giving it back between steps (measured: peak resident memory within 2%). The
+memory instead of giving it back between steps (measured: the same peak resident memory). The
 ``linearize`` command applies it as it starts; ``import linearize`` does not (a library leaves its
 host process's allocator alone). It stands aside where the user chose: glibc's own ``MALLOC_*``
 environment variables or ``GLIBC_TUNABLES``, or another allocator preloaded (jemalloc, tcmalloc,
