@@ -16,7 +16,9 @@ same recipes and seeds gives.
     python docs/experiments/method-comparison/reselect.py runs/compare runs/levers ...
         every run folder ``<compare folder>/seed<N>/<run>/report.json``: per run folder name, the
         recovery on the report split under the old and the corrected selection (mean ± std over
-        seeds) and how many seeds keep the stage-1 model
+        seeds) and how many seeds keep the stage-1 model. A run made under the corrected rule
+        that kept its stage-1 model never scored stage 2's model on test: its old-rule figure is
+        "unknown"
     python docs/experiments/method-comparison/reselect.py --default-run
         the seed-0 run in docs/experiments/default-run/RESULTS.md (its table's dev and test accuracies)
 """
@@ -40,6 +42,9 @@ def corrected(stage1, stage2, metric, selection="validation", report="test"):
 
 
 def _cell(values):
+    if any(v is None for v in values):
+        known = [v for v in values if v is not None]
+        return (_cell(known) + ", " if known else "") + f"{len(values) - len(known)} unknown"
     if len(values) == 1:
         return f"{values[0]:.1f}"
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f} ({', '.join(f'{v:.1f}' for v in values)})"
@@ -61,7 +66,10 @@ def from_reports(folders):
             else:
                 kept, score = corrected(report.scores["student_stage1"], student, metric, report=split)
             row = rows[f"{Path(folder).name}/{path.parent.name}"]
-            row["old"].append(100 * student[split][metric] / teacher)
+            if report.selection.stage1_kept:
+                row["old"].append(None)  # made under the corrected rule: stage 2's own model was not scored on test
+            else:
+                row["old"].append(100 * student[split][metric] / teacher)
             row["new"].append(100 * score / teacher)
             row["kept"] += kept == "stage 1"
     print("| run | recovery %, old selection | recovery %, corrected selection | seeds keeping stage 1 |")
