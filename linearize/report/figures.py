@@ -220,6 +220,27 @@ def _layer_label(row, index):
     return str(index if row.layer is None else row.layer)
 
 
+def _psi_channel(ax, c, grid, y, top, histogram=None):
+    """One ψ channel's curve ``y`` over ``grid`` (marked "dead" when it is zero everywhere), over the
+    histogram ``(counts, edges)`` of u scaled into the axes."""
+    if histogram is not None:  # behind the line
+        counts, edges = histogram
+        heights = [finite(v) or 0.0 for v in counts]
+        peak = max(heights) or 1.0
+        ax.stairs([0.95 * top * h / peak for h in heights], [finite(v) or 0.0 for v in edges], fill=True,
+                  color="#dcdcdc", zorder=0)
+    ax.plot(grid, y, color=STUDENT_COLOR, linewidth=1.6)
+    ax.set_ylim(-0.03 * top, top)
+    ax.tick_params(labelsize=7, length=2)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(f"ψ$_{{{c + 1}}}$", fontsize=9, pad=2)
+    if max((abs(v) for v in y if v == v), default=0.0) < 1e-6:
+        ax.text(0.5, 0.5, "dead", transform=ax.transAxes, ha="center", va="center", fontsize=9,
+                color="#8a8a8a", style="italic",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5})
+
+
 def _luna_figure(report):
     entries = (report.visuals or {}).get("luna_channels") or []
     if not entries:
@@ -253,26 +274,12 @@ def _luna_figure(report):
             if c >= len(psi[0]):
                 ax.set_visible(False)
                 continue
-            if has_hist:  # the histogram scaled into the channel's axes, behind the line
-                heights = [finite(v) or 0.0 for v in counts]
-                peak = max(heights) or 1.0
-                ax.stairs([0.95 * top * h / peak for h in heights], [finite(v) or 0.0 for v in edges], fill=True,
-                          color="#dcdcdc", zorder=0)
             y = [finite(row[c]) if c < len(row) else None for row in psi]
-            y = [v if v is not None else float("nan") for v in y]
-            ax.plot(grid, y, color=STUDENT_COLOR, linewidth=1.6)
-            ax.set_ylim(-0.03 * top, top)
+            _psi_channel(ax, c, grid, [v if v is not None else float("nan") for v in y], top,
+                         (counts, edges) if has_hist else None)
             ax.set_xlim(lo, hi)
             ax.set_xticks(xticks)
             ax.set_yticks(yticks)
-            ax.tick_params(labelsize=7, length=2)
-            for side in ("top", "right"):
-                ax.spines[side].set_visible(False)
-            ax.set_title(f"ψ$_{{{c + 1}}}$", fontsize=9, pad=2)
-            if max((abs(v) for v in y if v == v), default=0.0) < 1e-6:
-                ax.text(0.5, 0.5, "dead", transform=ax.transAxes, ha="center", va="center", fontsize=9,
-                        color="#8a8a8a", style="italic",
-                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5})
             if c % cols == 0:
                 ax.set_ylabel(f"layer {entry.get('layer', '?')}\nψ(u)", fontsize=9)
             else:
@@ -368,32 +375,36 @@ def _cls_text_figure(report, entries):
     return fig
 
 
-def _cls_image_figure(report, entries):
+def _entry_image(entry):
+    """The example's pixels as an array for ``imshow`` (grayscale 2-D, or RGB(A) scaled to [0, 1]), or None."""
+    import numpy as np
+
+    pixels = entry.get("pixels")
+    if not (isinstance(pixels, list) and pixels):
+        return None
+    try:
+        array = np.asarray(pixels, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    if array.ndim == 3 and array.shape[-1] in (3, 4):
+        return np.clip(array / 255.0, 0, 1)
+    return array if array.ndim == 2 else None
+
+
+def _weight_overlay(weights, color, vmax, gh, gw):
+    """The patch grid as RGBA: the role's colour with opacity proportional to the weight."""
     import numpy as np
     from matplotlib.colors import to_rgb
 
+    rgba = np.zeros((gh, gw, 4))
+    rgba[..., :3] = to_rgb(color)
+    rgba[..., 3] = 0.04 + 0.86 * np.clip(np.asarray(weights, dtype=float).reshape(gh, gw) / vmax, 0, 1)
+    return rgba
+
+
+def _cls_image_figure(report, entries):
     entries = entries[:6]
-
-    def image_of(entry):
-        pixels = entry.get("pixels")
-        if not (isinstance(pixels, list) and pixels):
-            return None
-        try:
-            array = np.asarray(pixels, dtype=float)
-        except (TypeError, ValueError):
-            return None
-        if array.ndim == 3 and array.shape[-1] in (3, 4):
-            return np.clip(array / 255.0, 0, 1)
-        return array if array.ndim == 2 else None
-
-    def overlay(weights, color, vmax, gh, gw):
-        """The patch grid as RGBA: the role's colour with opacity proportional to the weight."""
-        rgba = np.zeros((gh, gw, 4))
-        rgba[..., :3] = to_rgb(color)
-        rgba[..., 3] = 0.04 + 0.86 * np.clip(np.asarray(weights, dtype=float).reshape(gh, gw) / vmax, 0, 1)
-        return rgba
-
-    images = [image_of(e) for e in entries]
+    images = [_entry_image(e) for e in entries]
     has_pixels = any(image is not None for image in images)
     ncols = 3 if has_pixels else 2
     fig = _new_figure(2.5 * ncols + 0.3, 2.55 * len(entries) + 0.45)
@@ -418,9 +429,9 @@ def _cls_image_figure(report, entries):
                 extent = (-0.5, image.shape[1] - 0.5, image.shape[0] - 0.5, -0.5)
                 # the image faded towards white, so the colour on top reads on dark images too
                 ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest", extent=extent, alpha=0.4)
-                ax.imshow(overlay(weights, color, vmax, gh, gw), interpolation="nearest", extent=extent)
+                ax.imshow(_weight_overlay(weights, color, vmax, gh, gw), interpolation="nearest", extent=extent)
             else:
-                ax.imshow(overlay(weights, color, vmax, gh, gw), interpolation="nearest")
+                ax.imshow(_weight_overlay(weights, color, vmax, gh, gw), interpolation="nearest")
             ax.set_title(label if has_pixels else f"{name}: {label}", fontsize=10, color=color)
             col += 1
         for ax in axes[r]:
