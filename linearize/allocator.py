@@ -37,8 +37,9 @@ state = "glibc default"
 
 def keep_freed_memory(environ=None):
     """Raise glibc's mmap and trim thresholds to :data:`KEEP_BYTES` in this process (see the module
-    docstring); return the allocator state: ``"kept"``, or why not (``"user's MALLOC_* setting"``,
-    ``"preloaded jemalloc"``, ``"not glibc"``)."""
+    docstring); return the allocator state (also kept in :data:`state`): ``"glibc, freed blocks up
+    to 1024 MiB kept ..."``, or why not (``"user's glibc malloc settings"``, ``"preloaded jemalloc"``,
+    ``"not glibc"``, ``"glibc refused mallopt"``)."""
     global state
     environ = os.environ if environ is None else environ
     reason = _reason_to_stand_aside(environ)

@@ -68,13 +68,13 @@ def busy_cores(seconds=SAMPLE_SECONDS):
 
 def cpu_snapshot():
     """``(wall s, CPU s busy on the whole machine, CPU s of this process)`` or None off Linux."""
-    import resource
-
     try:
+        import resource  # not on Windows, where ``import linearize`` must still work
+
         with open("/proc/stat") as stat:
             fields = [float(x) for x in stat.readline().split()[1:]]
         ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+    except (ImportError, OSError, ValueError, IndexError):
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
     usage = resource.getrusage(resource.RUSAGE_SELF)
