@@ -100,3 +100,34 @@ def test_make_dataloaders_for_an_image_spec():
     assert batch["pixel_values"].shape == (3, 3, 16, 16)
     with pytest.raises(LinearizeError, match="a tokenizer is needed"):
         make_dataloaders(data, TaskSpec(name="t", text_keys=("text",)))
+
+
+def test_group_by_length_pads_less_and_resumes_to_the_same_batches(tokenizer):
+    from linearize.training.accelerator import make_accelerator
+    from linearize.training.loop import micro_batches
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(["word"] * int(n)) for n in rng.integers(1, 120, size=400)]
+    ds = tokenize_dataset(datasets.Dataset.from_dict({"text": texts, "label": [0] * 400}), tokenizer, ["text"])
+
+    def padded_tokens(loader):
+        return sum(batch["input_ids"].numel() for batch in loader)
+
+    grouped = text_dataloader(ds, tokenizer, batch_size=8, shuffle=True, seed=3, group_by_length=True)
+    shuffled = text_dataloader(ds, tokenizer, batch_size=8, shuffle=True, seed=3)
+    real = sum(len(ids) for ids in ds["input_ids"])
+    assert padded_tokens(grouped) - real < 0.2 * (padded_tokens(shuffled) - real)  # most of the padding gone
+
+    accelerator = make_accelerator(seed=3)
+    loader = accelerator.prepare_data_loader(grouped, device_placement=False)
+
+    def epoch(number, done_steps=0):
+        loader.set_epoch(number)
+        return [batch["attention_mask"].sum(1).tolist() for batch, _, _ in
+                micro_batches(accelerator, loader, 1, done_steps)]
+
+    first, second = epoch(0), epoch(1)
+    seen = sorted(n for batch in first for n in batch)
+    assert seen == sorted(len(ids) for ids in ds["input_ids"])  # every example once per epoch
+    assert first != second and epoch(0) == first  # a new order each epoch, the same for the same epoch
+    assert epoch(1, done_steps=20) == second[20:]  # a resumed epoch continues where it stopped

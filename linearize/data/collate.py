@@ -5,6 +5,12 @@ truncated to ``max_length``, not padded), and each batch is padded only to its l
 member by ``DataCollatorWithPadding``: on short sentences (SST-2, movie reviews) that is a
 large saving over padding everything to ``max_length``. Shuffling uses a seeded
 ``torch.Generator``, so the batch order is the same on every run with the same seed.
+
+On long documents of uneven length (whole reviews: 100 to 2,048 tokens) a random batch is still
+padded to its longest member; ``group_by_length`` batches training examples of similar length
+together, as transformers' Trainer does with ``group_by_length`` (a shuffled order cut into
+megabatches of 50 batches, each sorted by length), so most of the padding goes while the batches
+stay random.
 """
 
 from __future__ import annotations
@@ -46,22 +52,51 @@ def text_collator(tokenizer):
     return DataCollatorWithPadding(tokenizer)
 
 
-def text_dataloader(dataset, tokenizer, batch_size=32, shuffle=False, seed=0, num_workers=0, drop_last=False):
-    """A ``DataLoader`` over a tokenised split with dynamic padding; batches carry ``labels``."""
+def length_grouped_sampler(dataset, batch_size, seed):
+    """A sampler over a tokenised split that puts examples of similar length in the same batch:
+    transformers' ``LengthGroupedSampler`` with a per-epoch seed (``seed + epoch``, set by
+    ``set_epoch`` as accelerate's seedable sampler is), so a resumed run sees the same batches."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class SeededLengthGroupedSampler(LengthGroupedSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __iter__(self):
+            self.generator.manual_seed(int(seed) + self.epoch)
+            return super().__iter__()
+
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    return SeededLengthGroupedSampler(batch_size, lengths=lengths, generator=torch.Generator())
+
+
+def text_dataloader(dataset, tokenizer, batch_size=32, shuffle=False, seed=0, num_workers=0, drop_last=False,
+                    group_by_length=False):
+    """A ``DataLoader`` over a tokenised split with dynamic padding; batches carry ``labels``.
+    ``group_by_length`` (with ``shuffle``) batches examples of similar length together."""
     import torch
     from torch.utils.data import DataLoader
 
     keep = [name for name in dataset.column_names if name in MODEL_COLUMNS]
     if "input_ids" not in keep:
         raise LinearizeError("the split is not tokenised (no input_ids); call tokenize_dataset first")
-    generator = torch.Generator().manual_seed(int(seed)) if shuffle else None
-    return DataLoader(dataset.select_columns(keep), batch_size=batch_size, shuffle=shuffle, generator=generator,
-                      collate_fn=text_collator(tokenizer), num_workers=num_workers, drop_last=drop_last)
+    order = {}
+    if shuffle and group_by_length:
+        order["sampler"] = length_grouped_sampler(dataset, batch_size, seed)
+    elif shuffle:
+        order.update(shuffle=True, generator=torch.Generator().manual_seed(int(seed)))
+    return DataLoader(dataset.select_columns(keep), batch_size=batch_size, collate_fn=text_collator(tokenizer),
+                      num_workers=num_workers, drop_last=drop_last, **order)
 
 
-def text_dataloaders(tokenized, tokenizer, *, batch_size=32, eval_batch_size=None, seed=0, num_workers=0):
+def text_dataloaders(tokenized, tokenizer, *, batch_size=32, eval_batch_size=None, seed=0, num_workers=0,
+                     group_by_length=False):
     """``{split: DataLoader}`` over already tokenised splits (:func:`tokenize_dataset`): only ``train``
-    is shuffled; a run tokenises once and builds these for each stage's batch size."""
+    is shuffled (grouped by length with ``group_by_length``); a run tokenises once and builds these
+    for each stage's batch size."""
     eval_batch_size = eval_batch_size or batch_size
     loaders = {}
     for split, ds in tokenized.items():
@@ -69,7 +104,7 @@ def text_dataloaders(tokenized, tokenizer, *, batch_size=32, eval_batch_size=Non
             continue
         train = split == "train"
         loaders[split] = text_dataloader(ds, tokenizer, batch_size if train else eval_batch_size, shuffle=train,
-                                         seed=seed, num_workers=num_workers)
+                                         seed=seed, num_workers=num_workers, group_by_length=group_by_length)
     return loaders
 
 

@@ -230,7 +230,8 @@ class TaskData:
         from ..data import text_dataloaders
 
         return text_dataloaders(self.tokenized(), self.processor, batch_size=batch_size,
-                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed)
+                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed,
+                                group_by_length=self.recipe["data"]["group_by_length"])
 
     def tokenized(self):
         """Every split tokenised (once: later calls return the same datasets)."""
