@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from linearize.allocator import keep_freed_memory
 from linearize.errors import LinearizeError
 from linearize.io import atomic_write_json, atomic_write_text
 from linearize.pipeline import TaskData, load_saved, run, run_teacher
@@ -189,6 +190,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--timing-reviews", type=int, default=None, help="time only this many test reviews")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the linearize command does: training steps reuse their freed memory
     if args.threads:
         torch.set_num_threads(args.threads)
     recipe = load_recipe(args.recipe, overrides=parse_set(args.set), quick=args.quick)
