@@ -204,14 +204,9 @@ def _chunk_tokens(rows, feature_dim, chunk_size):
 
 def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk):
     """:func:`linear_attention` over chunks of ``chunk`` tokens, for chunkable maps without
-    autograd (features by ``feature_map.chunk_features``): keys chunk by chunk into the state ``Σ φ(k_j)[v_j, 1]``, then queries chunk by
-    chunk against it, written into the output.
-
-    Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
-    running max; when a chunk raises it, the state so far is multiplied by
-    ``exp(old max − new max)``, so every key ends up scaled by ``exp(s_j − max_j s_j)`` exactly as
-    in the one-shot path.
-    """
+    autograd (features by ``feature_map.chunk_features``): keys chunk by chunk into the state
+    ``Σ φ(k_j)[v_j, 1]`` (:func:`_chunked_key_state`), then queries chunk by chunk against it,
+    written into the output."""
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else float(scale)
     root = scale**0.5
@@ -220,39 +215,7 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     rows = batch * heads
     padded = key_padding_mask is not None
     mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
-    state = key_sum = top = None  # [B*H, D, d], [B*H, 1, D] and the running max of the keys' log-scales [B,H,1,1]
-    for start in range(0, seq_k, chunk):  # every temporary is chunk-sized: no full-length copy
-        stop = min(start + chunk, seq_k)
-        part = mask[:, start:stop]
-        phi, log = feature_map.chunk_features(k[:, :, start:stop].float() * root, mask, start)
-        keep = part[:, None, :, None]
-        if log is not None:
-            masked = log.masked_fill(keep == 0, float("-inf")) if padded else log
-            chunk_top = masked.amax(dim=(2, 3), keepdim=True)
-            if top is None:
-                top = chunk_top
-            else:
-                new_top = torch.maximum(top, chunk_top)
-                if state is not None:
-                    rescale = torch.where(torch.isfinite(top), torch.exp(top - new_top), torch.zeros_like(top))
-                    state.mul_(rescale.reshape(rows, 1, 1))
-                    key_sum.mul_(rescale.reshape(rows, 1, 1))
-                top = new_top
-            shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-            factor = (log - shift).clamp_max(0.0)
-            if padded:
-                factor = factor.masked_fill(keep == 0, 0.0)
-            factor = torch.exp(factor)
-            phi = phi.mul_(factor * keep if padded else factor)  # no autograd here: in place
-        elif padded:
-            phi = phi.mul_(keep)
-        values = v[:, :, start:stop].float().reshape(rows, stop - start, dim_v)
-        phi = phi.reshape(rows, stop - start, -1)
-        if state is None:
-            state, key_sum = torch.bmm(phi.transpose(1, 2), values), phi.sum(dim=1, keepdim=True)
-        else:
-            state.baddbmm_(phi.transpose(1, 2), values)
-            key_sum += phi.sum(dim=1, keepdim=True)
+    state, key_sum = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
     real_v, n_real = _real_value_sums(v, mask, padded)
     out = torch.empty(batch, heads, seq_q, dim_v, dtype=v.dtype, device=v.device)
     # the queries' own mask: the keys' one for self-attention, else all real (as a None mask is)
@@ -264,6 +227,63 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
                                   feature_map)
         out[:, :, start:stop] = _cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
     return out
+
+
+def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
+    """``(state, key_sum)``: ``Σ_j φ(k_j) v_jᵀ`` ``[B*H, D, d]`` and ``Σ_j φ(k_j)`` ``[B*H, 1, D]``
+    accumulated chunk by chunk (every temporary chunk-sized: no full-length copy); padded keys
+    contribute nothing.
+
+    Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
+    running max; when a chunk raises it, the sums so far are multiplied by
+    ``exp(old max − new max)`` (:func:`_log_scaled_chunk`), so every key ends up scaled by
+    ``exp(s_j − max_j s_j)`` exactly as in the one-shot path.
+    """
+    batch, heads, seq_k, _ = k.shape
+    rows, dim_v = batch * heads, v.shape[-1]
+    state = key_sum = top = None  # top: the running max of the keys' log-scales [B, H, 1, 1]
+    for start in range(0, seq_k, chunk):
+        stop = min(start + chunk, seq_k)
+        keep = mask[:, None, start:stop, None]
+        phi, log = feature_map.chunk_features(k[:, :, start:stop].float() * root, mask, start)
+        if log is not None:
+            phi, top, rescale = _log_scaled_chunk(phi, log, keep, top, padded)
+            if rescale is not None and state is not None:
+                state.mul_(rescale.reshape(rows, 1, 1))
+                key_sum.mul_(rescale.reshape(rows, 1, 1))
+        elif padded:
+            phi = phi.mul_(keep)
+        values = v[:, :, start:stop].float().reshape(rows, stop - start, dim_v)
+        phi = phi.reshape(rows, stop - start, -1)
+        if state is None:
+            state, key_sum = torch.bmm(phi.transpose(1, 2), values), phi.sum(dim=1, keepdim=True)
+        else:
+            state.baddbmm_(phi.transpose(1, 2), values)
+            key_sum += phi.sum(dim=1, keepdim=True)
+    return state, key_sum
+
+
+def _log_scaled_chunk(phi, log, keep, top, padded):
+    """``(phi · exp(log − max), new running max, rescale)`` for one chunk of keys of a log-scaled
+    map: ``max`` is the running max ``top`` over the real keys so far, this chunk included (``-inf``
+    while no real key was seen; then no shift); ``rescale`` ``exp(old − new max)`` ``[B, H, 1, 1]``
+    is what the sums of the earlier chunks must be multiplied by (``None`` for the first chunk).
+    ``phi`` is scaled in place (no autograd on this path); padded keys (``keep`` 0) become 0."""
+    masked = log.masked_fill(keep == 0, float("-inf")) if padded else log
+    chunk_top = masked.amax(dim=(2, 3), keepdim=True)
+    rescale = None
+    if top is None:
+        top = chunk_top
+    else:
+        new_top = torch.maximum(top, chunk_top)
+        rescale = torch.where(torch.isfinite(top), torch.exp(top - new_top), torch.zeros_like(top))
+        top = new_top
+    shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    factor = (log - shift).clamp_max(0.0)
+    if padded:
+        factor = factor.masked_fill(keep == 0, 0.0)
+    factor = torch.exp(factor)
+    return phi.mul_(factor * keep if padded else factor), top, rescale
 
 
 def kernel_matrix(q, k, feature_map, key_padding_mask=None, scale=None):

@@ -96,24 +96,18 @@ def _plot_noisy(ax, x, y, color, label, marker=None):
 
 
 def _curves_figure(report):
+    """Stage 1's losses, the task training loss and the dev metric by epoch, teacher and student
+    side by side: one panel for each that the run's curves have."""
     curves = report.curves or {}
     stage1 = curves.get("stage1") if isinstance(curves.get("stage1"), list) else []
-    runs = [(name, label, color) for name, label, color in
+    runs = [(curves[name], label, color) for name, label, color in
             (("teacher", "teacher (softmax)", TEACHER_COLOR), ("stage2", "student (stage 2)", STUDENT_COLOR))
             if isinstance(curves.get(name), list) and curves.get(name)]
-    primary = report.primary_metric
-    dev_key = f"dev_{primary}"
-    panels = []
-    if any(_series(stage1, k)[0] for k in ("ce", "kl")):
-        panels.append("stage1")
-    if any(_series(curves[name], "train_loss")[0] for name, _, _ in runs):
-        panels.append("loss")
-    if not any(_series(curves[name], dev_key)[0] for name, _, _ in runs):
-        keys = {k for name, _, _ in runs for e in curves[name] if isinstance(e, dict)
-                for k in e if k.startswith("dev_")}
-        dev_key = sorted(keys)[0] if keys else None
-    if dev_key and any(_series(curves[name], dev_key)[0] for name, _, _ in runs):
-        panels.append("dev")
+    dev_key = _dev_key(runs, f"dev_{report.primary_metric}")
+    panels = [panel for panel, present in (
+        ("stage1", any(_series(stage1, k)[0] for k in ("ce", "kl"))),
+        ("loss", any(_series(series, "train_loss")[0] for series, _, _ in runs)),
+        ("dev", dev_key is not None)) if present]
     if not panels:
         return None
     fig = _new_figure(4.6 * len(panels), 3.6)
@@ -121,42 +115,63 @@ def _curves_figure(report):
     for ax, panel in zip(axes, panels):
         _style(ax)
         if panel == "stage1":
-            for key, label, color in (("ce", "cross-entropy", "#ff7f0e"), ("kl", "KL", "#2ca02c")):
-                x, y, xlabel = _series(stage1, key)
-                if x:
-                    _plot_noisy(ax, x, y, color, label)
-            ax.set_xlabel(xlabel or "step")
-            ax.set_ylabel("nats")
-            ax.set_title("Stage 1: attention distillation", fontsize=11)
+            _stage1_panel(ax, stage1)
         else:
-            key = "train_loss" if panel == "loss" else dev_key
-            xlabels = set()
-            for name, label, color in runs:
-                x, y, xlabel = _series(curves[name], key)
-                if not x:
-                    continue
-                xlabels.add(xlabel)
-                _plot_noisy(ax, x, y, color, label)
-                if panel == "dev" and len(y) > 1:
-                    best = max(range(len(y)), key=lambda i: y[i])
-                    ax.plot([x[best]], [y[best]], marker="*", markersize=13, color=color, markeredgecolor="black",
-                            markeredgewidth=0.6, linestyle="none", zorder=5)
-            ax.set_xlabel(" / ".join(sorted(xlabels)) or "epoch")
-            if xlabels == {"epoch"}:
-                from matplotlib.ticker import MaxNLocator
-
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if panel == "loss":
-                ax.set_ylabel("train loss")
-                ax.set_title("Task training loss", fontsize=11)
-            else:
-                metric = dev_key[len("dev_"):]
-                ax.set_ylabel(f"dev {metric}")
-                selection = report.task.selection_split
-                ax.set_title(f"Dev {metric}" + (f" ({selection})" if selection else "") + ", ★ = best", fontsize=11)
+            _task_panel(ax, runs, "train_loss" if panel == "loss" else dev_key, report)
         ax.legend(fontsize=8.5, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def _dev_key(runs, preferred):
+    """The dev metric the curves plot: the primary one where a run logged it, else the first
+    ``dev_*`` key any run logged; ``None`` when no run logged a dev metric."""
+    if any(_series(series, preferred)[0] for series, _, _ in runs):
+        return preferred
+    keys = sorted({k for series, _, _ in runs for e in series if isinstance(e, dict) for k in e
+                   if k.startswith("dev_")})
+    return next((key for key in keys if any(_series(series, key)[0] for series, _, _ in runs)), None)
+
+
+def _stage1_panel(ax, stage1):
+    xlabel = None
+    for key, label, color in (("ce", "cross-entropy", "#ff7f0e"), ("kl", "KL", "#2ca02c")):
+        x, y, xlabel = _series(stage1, key)
+        if x:
+            _plot_noisy(ax, x, y, color, label)
+    ax.set_xlabel(xlabel or "step")
+    ax.set_ylabel("nats")
+    ax.set_title("Stage 1: attention distillation", fontsize=11)
+
+
+def _task_panel(ax, runs, key, report):
+    """Teacher and student curves of ``key``: ``train_loss``, or a ``dev_*`` metric with its best
+    epoch starred."""
+    dev = key != "train_loss"
+    xlabels = set()
+    for series, label, color in runs:
+        x, y, xlabel = _series(series, key)
+        if not x:
+            continue
+        xlabels.add(xlabel)
+        _plot_noisy(ax, x, y, color, label)
+        if dev and len(y) > 1:
+            best = max(range(len(y)), key=lambda i: y[i])
+            ax.plot([x[best]], [y[best]], marker="*", markersize=13, color=color, markeredgecolor="black",
+                    markeredgewidth=0.6, linestyle="none", zorder=5)
+    ax.set_xlabel(" / ".join(sorted(xlabels)) or "epoch")
+    if xlabels == {"epoch"}:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if not dev:
+        ax.set_ylabel("train loss")
+        ax.set_title("Task training loss", fontsize=11)
+        return
+    metric = key[len("dev_"):]
+    ax.set_ylabel(f"dev {metric}")
+    selection = report.task.selection_split
+    ax.set_title(f"Dev {metric}" + (f" ({selection})" if selection else "") + ", ★ = best", fontsize=11)
 
 
 def _per_layer_figure(report):
