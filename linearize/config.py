@@ -215,8 +215,8 @@ class DataConfig(Config):
         128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "
              "extended to it (position_init) and the tokenizer's limit raised to it.")
     group_by_length: bool = setting(
-        False, "Text: batch training examples of similar length together (shuffled groups of 50 batches, each "
-               "sorted by length, as transformers' Trainer): less padding on documents of uneven length.")
+        False, "Text: batch training examples of similar length together (shuffled groups of up to 50 batches, "
+               "each sorted by length, as transformers' Trainer): less padding on documents of uneven length.")
     max_train_examples: int | None = setting(None, "Use at most this many training examples.")
     max_eval_examples: int | None = setting(None, "Use at most this many examples of each evaluation split.")
     image_size: int | None = setting(

@@ -9,8 +9,8 @@ large saving over padding everything to ``max_length``. Shuffling uses a seeded
 On long documents of uneven length (whole reviews: 100 to 2,048 tokens) a random batch is still
 padded to its longest member; ``group_by_length`` batches training examples of similar length
 together, as transformers' Trainer does with ``group_by_length`` (a shuffled order cut into
-megabatches of 50 batches, each sorted by length), so most of the padding goes while the batches
-stay random.
+megabatches of up to 50 batches — a quarter of the split when smaller — each sorted by length),
+so most of the padding goes while the batches stay random.
 """
 
 from __future__ import annotations
