@@ -67,7 +67,7 @@ LIMITS = {
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
     "kd_temperature": POSITIVE, "max_length": COUNT, "position_init": _one_of("tile", "interpolate"),
-    "dev_fraction": _fraction(), "max_train_examples": COUNT, "max_eval_examples": COUNT,
+    "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT, "max_eval_examples": COUNT,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "examples": NON_NEGATIVE,
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
@@ -236,6 +236,10 @@ class TeacherConfig(FinetuneConfig):
     not_in_recipe = ("seed", "kd_weight", "kd_temperature", "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
+    attention_dropout: float | None = setting(
+        None, "Attention-probability dropout of the softmax teacher (null: the model's own; BERT's is 0.1). 0 keeps "
+              "PyTorch's fused CPU attention in training: with dropout it falls back to one holding N x N matrices "
+              "(1.5 GiB per layer for 2 sequences of 2,048 tokens) and is several times slower at long lengths.")
     lr: float = restate(FinetuneConfig, "lr", 2e-5)
     batch_size: int = restate(FinetuneConfig, "batch_size", 32)
     epochs: float = restate(FinetuneConfig, "epochs", 3.0)

@@ -44,9 +44,10 @@ OLD_DEFAULTS = {
 
 #: keys added since, with their defaults (issue 19: stage 1 block by block at long lengths; positions
 #: extended to data.max_length; issue 23: the negative-weight penalty of maps whose kernel can be negative;
-#: issue 22: an embedding task's similarity file; length-grouped batches for long documents)
+#: issue 22: an embedding task's similarity file; length-grouped batches and the teacher's attention
+#: dropout for long documents)
 NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0}, "position_init": "tile",
-                "data": {"similarity_file": None, "group_by_length": False}}
+                "data": {"similarity_file": None, "group_by_length": False}, "teacher": {"attention_dropout": None}}
 
 
 def _with_new_keys(old):

@@ -288,3 +288,24 @@ def test_image_latency_sequence_length_counts_patches_and_the_class_token():
     model = SimpleNamespace(config=SimpleNamespace(patch_size=4))
     batch, seq_len = latency_batch(recipe, SimpleNamespace(kind="image"), loader, model)
     assert seq_len == 7 * 7 + 1 and batch["pixel_values"].shape == (1, 1, 28, 28)
+
+
+def test_teacher_attention_dropout_reaches_the_source_models_attention(workspace):
+    """teacher.attention_dropout sets the attention-probability dropout the teacher trains with
+    (BERT's config field and its self-attention modules); null keeps the checkpoint's own."""
+    import transformers
+
+    from linearize.errors import LinearizeError
+    from linearize.pipeline.inputs import attention_dropout_kwargs, build_source_model
+
+    def attention_dropouts(dropout):
+        recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"teacher": {"attention_dropout": dropout}})
+        model, _ = build_source_model(recipe, load_data(recipe)[1])
+        probabilities = {m.dropout.p for m in model.modules() if type(m).__name__ == "BertSelfAttention"}
+        return model.config.attention_probs_dropout_prob, probabilities
+
+    own = transformers.AutoConfig.from_pretrained(workspace / "tiny").attention_probs_dropout_prob
+    assert own > 0 and attention_dropouts(None) == (own, {own})
+    assert attention_dropouts(0.0) == (0.0, {0.0})
+    with pytest.raises(LinearizeError, match="no attention dropout setting"):
+        attention_dropout_kwargs({"teacher": {"attention_dropout": 0.0}}, transformers.PretrainedConfig())

@@ -36,13 +36,48 @@ def build_source_model(recipe, spec):
         if model_type is None:
             raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
         config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
+        config.update(attention_dropout_kwargs(recipe, config))
         cls = getattr(transformers, auto_class_for(recipe["head"]))
         torch.manual_seed(recipe["seed"])
         return cls.from_config(config), None
+    if recipe["teacher"]["attention_dropout"] is not None:
+        head_kwargs.update(attention_dropout_kwargs(recipe, source_config(source)))
     model = load_source_model(source, head=recipe["head"], **head_kwargs)
     if spec.kind == "image" and recipe["data"]["image_size"]:
         resize_image_positions(model, recipe["data"]["image_size"])
     return fit_positions(model, recipe, spec), source
+
+
+#: the config fields that hold attention-probability dropout (BERT, RoBERTa, ELECTRA, ALBERT, ViT,
+#: DeiT: the first; ModernBERT, DistilBERT, CLIP, SigLIP and most newer models: the second)
+ATTENTION_DROPOUT_FIELDS = ("attention_probs_dropout_prob", "attention_dropout")
+
+
+def attention_dropout_kwargs(recipe, config):
+    """The overrides of ``config``'s attention-dropout field(s) that ``teacher.attention_dropout``
+    asks for (none when it is null, or when ``config`` is None: unreadable, reported by the
+    loading); a one-line error for a model without such a field."""
+    dropout = recipe["teacher"]["attention_dropout"]
+    if dropout is None or config is None:
+        return {}
+    fields = [name for name in ATTENTION_DROPOUT_FIELDS if hasattr(config, name)]
+    if not fields:
+        raise LinearizeError(f"teacher.attention_dropout: {type(config).__name__} has no attention dropout setting "
+                             f"({' or '.join(ATTENTION_DROPOUT_FIELDS)}); leave teacher.attention_dropout null")
+    return {name: float(dropout) for name in fields}
+
+
+def source_config(source):
+    """The source checkpoint's config, or None where it cannot be read (``load_source_model``
+    then says why, in one line)."""
+    import transformers
+
+    from ..convert.loading import resolve_model_name
+
+    try:
+        return transformers.AutoConfig.from_pretrained(resolve_model_name(source))
+    except (OSError, ValueError):
+        return None
 
 
 def fit_positions(model, recipe, spec):
