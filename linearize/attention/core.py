@@ -248,7 +248,7 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
         phi, log = feature_map.chunk_features(k[:, :, start:stop].float() * root, mask, start)
         if log is not None:
             phi, top, rescale = _log_scaled_chunk(phi, log, keep, top, padded)
-            if rescale is not None and state is not None:
+            if rescale is not None:  # not the first chunk: the sums so far exist
                 state.mul_(rescale.reshape(rows, 1, 1))
                 key_sum.mul_(rescale.reshape(rows, 1, 1))
         elif padded:
