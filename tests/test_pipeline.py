@@ -309,3 +309,20 @@ def test_teacher_attention_dropout_reaches_the_source_models_attention(workspace
     assert attention_dropouts(0.0) == (0.0, {0.0})
     with pytest.raises(LinearizeError, match="no attention dropout setting"):
         attention_dropout_kwargs({"teacher": {"attention_dropout": 0.0}}, transformers.PretrainedConfig())
+
+
+def test_long_cpu_teacher_with_attention_dropout_is_warned_about(workspace):
+    """A teacher about to train on the CPU at ≥ 1,024 tokens with attention dropout gets a warning
+    that names the setting turning it off; none on a GPU, at short lengths or without dropout."""
+    from linearize.pipeline.inputs import LONG_DROPOUT_LENGTH, attention_dropout_warning, build_source_model
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"))
+    model, _ = build_source_model(recipe, load_data(recipe)[1])
+    dropout = model.config.attention_probs_dropout_prob
+    assert dropout > 0
+    warning = attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=False)
+    assert f"dropout {dropout:g}" in warning and "teacher.attention_dropout=0" in warning
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=True) is None
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH - 1, on_gpu=False) is None
+    model.config.attention_probs_dropout_prob = 0.0
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=False) is None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from ..config import DistillConfig, FinetuneConfig, stage_config, validate_recipe
 from ..convert import convert
 from ..distill import attention_distances, distill
@@ -20,7 +22,7 @@ from ..finetune import finetune
 from ..training import main_process_first, on_main_process
 from .artifacts import (TEACHER_KEYS, RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved,
                         recipe_difference, save_model)
-from .inputs import TaskData, build_source_model, check_head
+from .inputs import TaskData, attention_dropout_warning, build_source_model, check_head
 from .measurements import cls_attention, latency, latency_batch, luna_channels, scores
 from .run_report import build_report, write_run_report
 
@@ -190,6 +192,9 @@ def _make_teacher(ctx):
         check_head(teacher, spec, recipe["model"])
         return teacher, {"seconds": 0.0, "history": [], "finetuned": False}
     ctx.log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
+    warning = attention_dropout_warning(teacher, recipe["data"]["max_length"], torch.cuda.is_available())
+    if warning:
+        ctx.log(f"warning: {warning}")
     cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed, report_to=ctx.report_to)
     result = finetune(teacher, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], spec,
                       ctx.out_dir / "work" / "teacher", config=cfg, progress=ctx.progress, log=ctx.log)
