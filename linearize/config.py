@@ -138,7 +138,8 @@ class DistillConfig(Config):
                 "aim, clearml, dvclive, swanlab, trackio (accelerate's; the package must be installed), or none.")
     block_size: int | None = setting(
         512, "Query rows per block of the attention loss: a longer sequence is distilled block by block "
-             "(memory block × length instead of length², same loss); 0 = always all rows at once.")
+             "(memory block × length instead of length², same loss; fewer rows where a block of the batch would pass "
+             "2^24 elements); 0 = always all rows at once.")
 
 
 @dataclass

@@ -84,6 +84,29 @@ def test_blockwise_without_padding_and_for_cross_attention():
     torch.testing.assert_close(got.out, ref["out"], atol=1e-5, rtol=1e-5)
 
 
+
+def test_blocks_stay_under_the_element_budget_and_give_the_same_loss(monkeypatch):
+    """``block_size`` is the most query rows a block takes; with many sequences, heads and keys a
+    block takes fewer, so its ``B×H×b×N`` rows stay under ``BLOCK_ELEMENTS`` (one row at least),
+    and the loss is unchanged."""
+    from linearize.distill import blockwise
+
+    assert blockwise.rows_per_block(1, 12, 4096, 512) == 341  # 2**24 // (12 × 4,096)
+    assert blockwise.rows_per_block(16, 12, 2048, 512) == 42
+    assert blockwise.rows_per_block(1, 2, 512, 64) == 64
+    assert blockwise.rows_per_block(10**6, 12, 10**6, 512) == 1
+    torch.manual_seed(0)
+    fm = create_feature_map("hedgehog", D, H)
+    q, k, v, mask = _qkv()
+    sizes = []
+    original = blockwise._block_sums
+    monkeypatch.setattr(blockwise, "_block_sums", lambda phi_q, *a, **k: sizes.append(phi_q.shape[2]) or
+                        original(phi_q, *a, **k))
+    monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", B * H * N * 50)  # 50 rows of every sequence and head
+    got = blockwise_distillation_terms(q, k, v, fm, mask, block_size=128)
+    assert sizes == [50] * 10 + [12]
+    torch.testing.assert_close(got.ce, _one_shot(q, k, v, fm, mask, mask)["ce"], atol=1e-5, rtol=1e-5)
+
 def _student(method):
     model = build("bert", seed=0)
     torch.manual_seed(1)

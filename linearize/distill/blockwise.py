@@ -17,6 +17,12 @@ that are logged (for the KL = CE − H(A)), the optional output MSE (LoLCATs, Zh
 are row sums too and are taken in the same pass; so is the exact softmax output that feeds the
 next layer.
 
+A block is also held under :data:`BLOCK_ELEMENTS` elements (its ``B×H×b×N`` rows; 64 MiB of
+float32): ``block_size`` query rows at most, fewer when the batch, heads and keys are many. Every
+block then allocates temporaries of one small size that the allocator hands out again block after
+block; blocks of hundreds of MiB cost the kernel page faults on every block or, kept in the heap by
+``linearize.allocator``, fragmented it (measured: ~3.6× the peak memory; docs/experiments/cpu-allocator).
+
 The features φ(Q) and φ(K) are computed once, for the whole sequence
 (:func:`linearize.attention.core.feature_maps`), so a map whose features depend on the whole
 sequence (a per-sequence statistic, a position) gives exactly the one-shot features.
@@ -32,6 +38,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention.core import DEFAULT_EPS, feature_maps, normalised_kernel_rows, softmax_attention_weights
 from .losses import row_cross_entropy, row_entropy, row_negative_mass, row_squared_error
+
+#: the most elements a block's rows (``B×H×b×N``) hold: 64 MiB of float32
+BLOCK_ELEMENTS = 2**24
 
 
 @dataclass
@@ -59,7 +68,7 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
     and so are the gradients with respect to ``q``, ``k`` and the feature map's parameters.
     """
     heads, seq_q, seq_k = q.shape[1], q.shape[2], k.shape[2]
-    block = max(1, int(block_size))
+    block = rows_per_block(q.shape[0], heads, seq_k, block_size)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     # the query rows' weights: the keys' mask for self-attention, else every row (as _row_mean)
     rows = mask if seq_q == seq_k and key_padding_mask is not None else torch.ones(q.shape[0], seq_q, device=q.device)
@@ -79,6 +88,12 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
     count = (rows.sum() * heads).clamp_min(1.0)
     ce, mse, negative, h_teacher, h_student = (total / count for total in sums)
     return BlockwiseTerms(ce, mse if with_mse else None, h_teacher, h_student, out, negative)
+
+
+def rows_per_block(batch, heads, keys, block_size):
+    """Query rows per block: ``block_size`` at most, and as many as keep the block's
+    ``batch × heads × rows × keys`` under :data:`BLOCK_ELEMENTS` (one row at least)."""
+    return max(1, min(int(block_size), BLOCK_ELEMENTS // max(1, batch * heads * keys)))
 
 
 def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, eps, with_mse):
