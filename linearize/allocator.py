@@ -11,7 +11,10 @@ thousand per training step at 32 × 64, and 4-9% of the time (docs/experiments/c
 
 :func:`keep_freed_memory` raises both thresholds to :data:`KEEP_BYTES`: blocks up to that size
 come from the heap and stay there when freed, ready for the next step. The process keeps its peak
-memory instead of giving it back between steps (measured: the same peak resident memory). The
+memory instead of giving it back between steps (measured: the same peak resident memory) as
+long as its big blocks come in a few repeated sizes: blocks of hundreds of MiB whose size changes
+every step fragment the kept heap (stage 1 over 805 MB blocks of varying length: 19.9 GiB peak
+against 5.5; docs/experiments/cpu-allocator), which is why stage 1 keeps its blocks under 64 MiB. The
 ``linearize`` command applies it as it starts; ``import linearize`` does not (a library leaves its
 host process's allocator alone). It stands aside where the user chose: glibc's own ``MALLOC_*``
 environment variables or ``GLIBC_TUNABLES``, or another allocator preloaded (jemalloc, tcmalloc,
