@@ -84,7 +84,6 @@ def test_blockwise_without_padding_and_for_cross_attention():
     torch.testing.assert_close(got.out, ref["out"], atol=1e-5, rtol=1e-5)
 
 
-
 def test_blocks_stay_under_the_element_budget_and_give_the_same_loss(monkeypatch):
     """``block_size`` is the most query rows a block takes; with many sequences, heads and keys a
     block takes fewer, so its ``B×H×b×N`` rows stay under ``BLOCK_ELEMENTS`` (one row at least),
@@ -106,6 +105,7 @@ def test_blocks_stay_under_the_element_budget_and_give_the_same_loss(monkeypatch
     got = blockwise_distillation_terms(q, k, v, fm, mask, block_size=128)
     assert sizes == [50] * 10 + [12]
     torch.testing.assert_close(got.ce, _one_shot(q, k, v, fm, mask, mask)["ce"], atol=1e-5, rtol=1e-5)
+
 
 def _student(method):
     model = build("bert", seed=0)

@@ -320,9 +320,9 @@ def test_long_cpu_teacher_with_attention_dropout_is_warned_about(workspace):
     model, _ = build_source_model(recipe, load_data(recipe)[1])
     dropout = model.config.attention_probs_dropout_prob
     assert dropout > 0
-    warning = attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=False)
+    warning = attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_device=False)
     assert f"dropout {dropout:g}" in warning and "teacher.attention_dropout=0" in warning
-    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=True) is None
-    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH - 1, on_gpu=False) is None
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_device=True) is None
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH - 1, on_device=False) is None
     model.config.attention_probs_dropout_prob = 0.0
-    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_gpu=False) is None
+    assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_device=False) is None

@@ -71,14 +71,15 @@ def attention_dropout_kwargs(recipe, config):
 LONG_DROPOUT_LENGTH = 1024
 
 
-def attention_dropout_warning(model, max_length, on_gpu):
+def attention_dropout_warning(model, max_length, on_device):
     """A one-line warning when a softmax teacher is about to train on the CPU at ``max_length`` ≥
     :data:`LONG_DROPOUT_LENGTH` tokens with attention dropout on: PyTorch's CPU attention then
     leaves its fused kernel for one that keeps N × N matrices for backward (1,573 MiB against 39
-    MiB per 12-head layer for 2 sequences of 2,048 tokens, measured); else None."""
+    MiB per 12-head layer for 2 sequences of 2,048 tokens, measured); else None. ``on_device``:
+    training runs on an accelerator device (``linearize.training.has_device``)."""
     config = getattr(model, "config", None)
     dropout = max((float(getattr(config, name, 0.0) or 0.0) for name in ATTENTION_DROPOUT_FIELDS), default=0.0)
-    if on_gpu or not dropout or not max_length or max_length < LONG_DROPOUT_LENGTH:
+    if on_device or not dropout or not max_length or max_length < LONG_DROPOUT_LENGTH:
         return None
     return (f"the teacher trains at {max_length} tokens on the CPU with attention dropout {dropout:g}: PyTorch's "
             f"CPU attention then holds N x N matrices for backward (gigabytes per layer) and runs several times "

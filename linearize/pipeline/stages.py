@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from ..config import DistillConfig, FinetuneConfig, stage_config, validate_recipe
 from ..convert import convert
 from ..distill import attention_distances, distill
 from ..errors import LinearizeError
 from ..finetune import finetune
-from ..training import main_process_first, on_main_process
+from ..training import has_device, main_process_first, on_main_process
 from .artifacts import (TEACHER_KEYS, RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved,
                         recipe_difference, save_model)
 from .inputs import TaskData, attention_dropout_warning, build_source_model, check_head
@@ -192,7 +190,7 @@ def _make_teacher(ctx):
         check_head(teacher, spec, recipe["model"])
         return teacher, {"seconds": 0.0, "history": [], "finetuned": False}
     ctx.log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
-    warning = attention_dropout_warning(teacher, recipe["data"]["max_length"], torch.cuda.is_available())
+    warning = attention_dropout_warning(teacher, recipe["data"]["max_length"], has_device())
     if warning:
         ctx.log(f"warning: {warning}")
     cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed, report_to=ctx.report_to)

@@ -9,7 +9,7 @@ over processes, which process writes (:mod:`.accelerator`: :func:`is_main_proces
 stage saves and resumes from.
 """
 
-from .accelerator import (average_gradients, evaluation_shards, is_main_process, launched_processes,
+from .accelerator import (average_gradients, evaluation_shards, has_device, is_main_process, launched_processes,
                           main_process_first, make_accelerator, mean_over_processes, on_main_process,
                           wait_for_everyone)
 from .checkpoint import (PROGRESS_FILE, atomic_torch_save, check_process_count, clear_checkpoint,
@@ -20,7 +20,7 @@ from .progress import ProgressBar, Throughput
 from .schedule import make_scheduler
 
 __all__ = ["PROGRESS_FILE", "ProgressBar", "Throughput", "Trainer", "append_jsonl", "atomic_torch_save",
-           "average_gradients", "check_process_count", "clear_checkpoint", "evaluation_shards", "is_main_process",
-           "launched_processes", "load_accelerator_checkpoint", "main_process_first", "make_accelerator",
-           "make_scheduler", "mean_over_processes", "micro_batches", "on_main_process",
+           "average_gradients", "check_process_count", "clear_checkpoint", "evaluation_shards", "has_device",
+           "is_main_process", "launched_processes", "load_accelerator_checkpoint", "main_process_first",
+           "make_accelerator", "make_scheduler", "mean_over_processes", "micro_batches", "on_main_process",
            "save_accelerator_checkpoint", "truncate_jsonl", "wait_for_everyone"]

@@ -31,7 +31,8 @@ def launched_processes():
     return max([int(os.environ.get(name, "1") or 1) for name in WORLD_SIZE_VARIABLES])
 
 
-def _has_device():
+def has_device():
+    """Whether accelerate trains on an accelerator device (CUDA, XPU, MPS, ...) rather than the CPU."""
     return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
 
 
@@ -39,7 +40,7 @@ def _cpu_processes():
     """Several processes on a machine without an accelerator device train together on CPU over
     gloo (``MULTI_CPU``): accelerate only does that when asked (``cpu=True``); otherwise every
     process would train alone."""
-    return launched_processes() > 1 and not _has_device()
+    return launched_processes() > 1 and not has_device()
 
 
 def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_dir=None):
@@ -54,7 +55,7 @@ def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    if mixed_precision == "fp16" and not _has_device():
+    if mixed_precision == "fp16" and not has_device():
         raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
                              "use bf16 or no")
     _forget_other_precision(mixed_precision)
