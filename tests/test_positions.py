@@ -16,6 +16,7 @@ import linearize
 from linearize.cli import app
 from linearize.convert.api import is_converted
 from linearize.convert.config_block import decode_block
+from linearize.convert import positions
 from linearize.convert.positions import (INTERPOLATION_MAX_FACTOR, interpolate_positions, max_positions,
                                          position_table, tile_positions)
 from linearize.errors import LinearizeError
@@ -113,6 +114,20 @@ def test_tiling_takes_any_length_and_the_current_one_is_a_no_op():
     assert max_positions(model) == INTERPOLATION_MAX_FACTOR * ROWS * 2
     same = linearize.convert(short_model("bert"), "hedgehog", max_length=ROWS)
     assert torch.equal(table(same), table(short_model("bert")))
+
+
+def test_a_table_larger_than_the_machine_memory_is_a_one_line_error(monkeypatch):
+    """Tiling takes any length, but not one whose table the machine cannot hold (before: the
+    allocator's traceback, e.g. 153 GB asked for MiniLM at 10^8 tokens)."""
+    model = short_model("bert")
+    row_bytes = model.config.hidden_size * 4 + 16  # float32 row + the int64 position_ids / token_type_ids
+    monkeypatch.setattr(positions, "_physical_memory", lambda: 1000 * row_bytes)
+    with pytest.raises(LinearizeError) as error:
+        linearize.convert(model, "hedgehog", max_length=1001)
+    assert f"max_length 1001 needs a position table of {1001 * row_bytes / 2**30:.1f} GiB, more than this " \
+           f"machine's" in str(error.value) and str(error.value).endswith("pass a smaller N")
+    assert not is_converted(model) and model.config.max_position_embeddings == ROWS
+    assert max_positions(linearize.convert(model, "hedgehog", max_length=1000)) == 1000
 
 
 def test_models_without_a_learned_position_table_are_refused():

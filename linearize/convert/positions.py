@@ -36,6 +36,8 @@ table: their positions are computed for any length, and they were trained up to
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -51,8 +53,7 @@ LEARNED_POSITION_MODELS = "BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ALBERT and 
 
 def tile_positions(table, length):
     """``length`` rows: the rows of ``table`` repeated (Longformer's copy initialisation, §5)."""
-    repeats = -(-length // table.shape[0])
-    return table.repeat(repeats, 1)[:length].clone()
+    return table[torch.arange(length, device=table.device) % table.shape[0]]
 
 
 def interpolate_positions(table, length):
@@ -147,7 +148,28 @@ def check_max_length(model, max_length, position_init=None):
         raise LinearizeError(f"max_length {max_length} is more than {INTERPOLATION_MAX_FACTOR}× the model's "
                              f"{current} positions, beyond what interpolation supports: pass N ≤ "
                              f"{INTERPOLATION_MAX_FACTOR * current}, or position_init='tile' (any N ≥ {current})")
+    _check_table_fits(model, max_length)
     return max_length, position_init
+
+
+def _check_table_fits(model, max_length):
+    """A one-line LinearizeError when the extended table (``max_length`` rows of the model's width,
+    built beside the old one) and its per-position buffers are more than this machine's memory."""
+    module, _ = position_table(model)
+    weight = module.position_embeddings.weight
+    row_bytes = weight.shape[1] * weight.element_size() + 8 * len(POSITION_BUFFERS)  # int64 buffers
+    memory = _physical_memory()
+    if memory and max_length * row_bytes > memory:
+        raise LinearizeError(f"max_length {max_length} needs a position table of {max_length * row_bytes / 2**30:.1f} "
+                             f"GiB, more than this machine's {memory / 2**30:.1f} GiB of memory: pass a smaller N")
+
+
+def _physical_memory():
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def extend_positions(model, max_length, position_init=None):
@@ -164,7 +186,7 @@ def extend_positions(model, max_length, position_init=None):
     with torch.no_grad():
         real = old.weight[offset:]
         grown = tile_positions(real, max_length) if position_init == "tile" else interpolate_positions(real, max_length)
-        weight = torch.cat([old.weight[:offset], grown])
+        weight = torch.cat([old.weight[:offset], grown]) if offset else grown
     new = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=old.padding_idx, device=weight.device,
                        dtype=weight.dtype)
     new.weight = nn.Parameter(weight, requires_grad=old.weight.requires_grad)
