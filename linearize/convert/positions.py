@@ -10,7 +10,7 @@ model a position table of N rows, initialised from the pretrained one in one of 
   Embeddings": RoBERTa's 512 positions copied to 4,096, which kept its quality after little
   training, because the attention heads' strong local pattern survives everywhere but at the
   seams). Positions below L keep their pretrained rows, so every input the source model accepted
-  gives exactly its output; any N ≥ L is supported.
+  gives exactly its output; any N ≥ L is supported whose table fits in the machine's memory.
 - ``interpolate``: the table read as a curve over positions and resampled linearly at N points,
   new row ``j`` = old table at position ``x = j·(L-1)/(N-1)``, ``(1-t)·P[⌊x⌋] + t·P[⌈x⌉]``, ``t = x - ⌊x⌋``
   (the position-interpolation idea of Chen, Wong, Chen & Tian 2023, "Extending Context Window of
