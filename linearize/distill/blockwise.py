@@ -47,8 +47,8 @@ BLOCK_ELEMENTS = 2**24
 class BlockwiseTerms:
     """The stage-1 terms of one layer, averaged over heads and real query rows as the one-shot
     losses are: ``ce``, ``mse`` (None unless asked for) and ``negative`` (the negative-weight mass
-    P) carry gradients to the feature maps; the entropies are statistics; ``out`` is the exact
-    softmax attention output ``[B,H,N,d]``."""
+    P; with a gradient only when asked for) carry gradients to the feature maps; the entropies are
+    statistics; ``out`` is the exact softmax attention output ``[B,H,N,d]``."""
 
     ce: torch.Tensor
     mse: torch.Tensor | None
@@ -59,13 +59,17 @@ class BlockwiseTerms:
 
 
 def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, scale=None, block_size=512,
-                                 with_mse=False, eps=DEFAULT_EPS):
+                                 with_mse=False, with_negative_grad=False, eps=DEFAULT_EPS):
     """Stage 1's terms for one layer, ``block_size`` query rows at a time (see the module docstring).
 
     ``q, k, v``: ``[B,H,N,d]``; the teacher rows take no gradient (they are the target). Equal to
     ``attention_cross_entropy(softmax_attention_weights(...), linear_attention_weights(...),
     query_mask)`` (and the entropies, the output MSE, ``negative_weight_mass``) up to float rounding,
     and so are the gradients with respect to ``q``, ``k`` and the feature map's parameters.
+    ``with_mse`` / ``with_negative_grad``: the output MSE is computed, the negative mass carries a
+    gradient, only when asked, i.e. when the caller's loss uses them. A term with a graph that is
+    never back-propagated would keep every block's recomputed rows alive (non-reentrant checkpoint
+    frees a recomputed tensor when backward reads it), N×N in all.
     """
     heads, seq_q, seq_k = q.shape[1], q.shape[2], k.shape[2]
     block = rows_per_block(q.shape[0], heads, seq_k, block_size)
@@ -77,7 +81,8 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
     out = torch.empty(*v.shape[:2], seq_q, v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, seq_q, block):
         stop = min(start + block, seq_q)
-        step = partial(_block_sums, key_padding_mask=key_padding_mask, scale=scale, eps=eps, with_mse=with_mse)
+        step = partial(_block_sums, key_padding_mask=key_padding_mask, scale=scale, eps=eps, with_mse=with_mse,
+                       with_negative_grad=with_negative_grad)
         args = (phi_q[:, :, start:stop], phi_k, mask, rows[:, start:stop], q[:, :, start:stop], k, v)
         if grad:
             *parts, out_block = checkpoint(step, *args, use_reentrant=False, preserve_rng_state=False)
@@ -96,7 +101,7 @@ def rows_per_block(batch, heads, keys, block_size):
     return max(1, min(int(block_size), BLOCK_ELEMENTS // max(1, batch * heads * keys)))
 
 
-def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, eps, with_mse):
+def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, eps, with_mse, with_negative_grad):
     """One block's weighted row sums ``(ce, mse, negative mass, H(A), H(Â))`` and its exact softmax output; the
     teacher rows, the output and the entropies are computed without autograd."""
     weights = rows[:, None, :]  # [B,1,b]: 1 for a real query row
@@ -106,7 +111,7 @@ def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, e
     student = normalised_kernel_rows(phi_q, phi_k, mask, eps)
     ce = (row_cross_entropy(teacher, student) * weights).sum()
     mse = (row_squared_error(student @ v.detach().float(), out) * weights).sum() if with_mse else ce.new_zeros(())
-    negative = (row_negative_mass(student) * weights).sum()
+    negative = (row_negative_mass(student if with_negative_grad else student.detach()) * weights).sum()
     with torch.no_grad():
         h_teacher = (row_entropy(teacher) * weights).sum()
         h_student = (row_entropy(student.detach().clamp_min(0)) * weights).sum()

@@ -84,10 +84,12 @@ class DistillRecorder:
     def _blockwise(self, fm, q, k, v, key_padding_mask, scale):
         """The same loss, statistics and output over blocks of ``block_size`` query rows (memory
         O(block·N), see :mod:`linearize.distill.blockwise`); returns the exact softmax output."""
+        penalty = self.penalty_weight(fm)
         with torch.enable_grad() if self.train else torch.no_grad():
             terms = blockwise_distillation_terms(q.detach(), k.detach(), v.detach(), fm, key_padding_mask, scale,
-                                                 self.block_size, with_mse=bool(self.output_loss_weight))
-            self._backward(terms.ce, terms.mse, terms.negative, self.penalty_weight(fm))
+                                                 self.block_size, with_mse=bool(self.output_loss_weight),
+                                                 with_negative_grad=bool(penalty))
+            self._backward(terms.ce, terms.mse, terms.negative, penalty)
         self._record(fm.layer_index, terms.ce, terms.teacher_entropy, terms.student_entropy, terms.negative)
         return terms.out
 

@@ -24,6 +24,7 @@ import torch
 from linearize.attention import create_feature_map
 from linearize.bench import peak_extra_memory
 from linearize.distill import DistillRecorder
+from linearize.distill.blockwise import rows_per_block
 
 HEADS, HEAD_DIM = 12, 32
 
@@ -60,10 +61,12 @@ def memory(fm, lengths, block_size):
     rows = []
     for n in lengths:
         inputs = layer_inputs(n)
-        for label, block in (("one shot", 0), (f"blocks of {block_size}", block_size)):
+        rows_each = rows_per_block(1, HEADS, n, block_size)  # block_size, or fewer under the element cap
+        for label, block in (("one shot", 0), (f"blocks of {rows_each}", block_size)):
             start = time.perf_counter()
             peak = peak_extra_memory(lambda: stage1_step(fm, inputs, block))
-            rows.append({"n": n, "path": label, "block_size": block, "peak_extra_bytes": peak,
+            rows.append({"n": n, "path": label, "block_size": block, "rows_per_block": rows_each if block else n,
+                         "peak_extra_bytes": peak,
                          "seconds": time.perf_counter() - start})
             print(f"N={n:5d} {label:14s} peak {peak / 2**20:8.1f} MiB  ({rows[-1]['seconds']:.1f} s)", flush=True)
     return rows
