@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from . import allocator
 from .errors import LinearizeError
 from .io import atomic_write_json, atomic_write_text
+from .machine import physical_memory
 from .placement import CPU, Placement
 from .threads import cpu_snapshot, other_processes_cores, set_threads
 
@@ -82,13 +83,7 @@ def cpu_model():
 def machine_info():
     """CPU model, cores, memory, torch build and threads, load average."""
     cpu = cpu_model()
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        pass
+    memory = physical_memory()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -97,7 +92,7 @@ def machine_info():
         "cpu_model": cpu or platform.processor() or platform.machine(),
         "logical_cores": os.cpu_count(),
         "usable_cores": usable,
-        "memory_gib": mem_gib,
+        "memory_gib": round(memory / 2**30, 1) if memory else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

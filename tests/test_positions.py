@@ -121,7 +121,7 @@ def test_a_table_larger_than_the_machine_memory_is_a_one_line_error(monkeypatch)
     allocator's traceback, e.g. 153 GB asked for MiniLM at 10^8 tokens)."""
     model = short_model("bert")
     row_bytes = model.config.hidden_size * 4 + 16  # float32 row + the int64 position_ids / token_type_ids
-    monkeypatch.setattr(positions, "_physical_memory", lambda: 1000 * row_bytes)
+    monkeypatch.setattr(positions.machine, "physical_memory", lambda: 1000 * row_bytes)
     with pytest.raises(LinearizeError) as error:
         linearize.convert(model, "hedgehog", max_length=1001)
     assert f"max_length 1001 needs a position table of {1001 * row_bytes / 2**30:.1f} GiB, more than this " \

@@ -36,11 +36,10 @@ table: their positions are computed for any length, and they were trained up to
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from .. import machine
 from ..config import PositionsConfig
 from ..errors import LinearizeError
 
@@ -158,18 +157,10 @@ def _check_table_fits(model, max_length):
     module, _ = position_table(model)
     weight = module.position_embeddings.weight
     row_bytes = weight.shape[1] * weight.element_size() + 8 * len(POSITION_BUFFERS)  # int64 buffers
-    memory = _physical_memory()
+    memory = machine.physical_memory()
     if memory and max_length * row_bytes > memory:
         raise LinearizeError(f"max_length {max_length} needs a position table of {max_length * row_bytes / 2**30:.1f} "
                              f"GiB, more than this machine's {memory / 2**30:.1f} GiB of memory: pass a smaller N")
-
-
-def _physical_memory():
-    """This machine's memory in bytes, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def extend_positions(model, max_length, position_init=None):
