@@ -15,8 +15,7 @@ from .attention import (FeatureMap, create_feature_map, linear_attention, linear
                         method_options, methods, quadratic_attention, register_feature_map)
 
 from .convert import convert, load, revert, save
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["FeatureMap", "__version__", "convert", "create_feature_map", "load", "revert", "linear_attention", "linear_attention_weights",
            "method_options", "methods", "quadratic_attention", "register_feature_map", "save"]

@@ -10,13 +10,14 @@ model competes with stage 2's epochs there, as epoch 0).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import statistics
 from pathlib import Path
 
 from .attention import create_feature_map
 from .attention.feature_maps import default_comparison
-from .io import atomic_write_json, atomic_write_text
+from .markdown import markdown_table
+from .outputs import atomic_write_json, atomic_write_text
 from .pipeline import run
 from .training import on_main_process
 
@@ -81,17 +82,16 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     so an interrupted compare continues where it stopped. ``table_only``: run nothing, build the
     table from the runs that are finished (the rest are listed in ``missing``).
     """
-    from .config import validate_recipe
     from .errors import LinearizeError
     from .report import REPORT_JSON, load_report
 
     out_dir, settings = Path(out_dir), settings or {"": {}}
     plan = run_plan(recipe, out_dir, methods or DEFAULT_METHODS, seeds, without_stage1, settings)
     if not table_only:
-        for *_, run_recipe in plan:  # every run's recipe is checked before the first one starts
-            validate_recipe(run_recipe)
+        for *_, run_config in plan:  # every run's configuration is checked before the first one starts
+            run_config.validate()
     results, missing, teacher_runs = {}, [], {}
-    for seed, row, folder, run_recipe in plan:
+    for seed, row, folder, run_config in plan:
         if table_only:
             if not (folder / REPORT_JSON).is_file():
                 missing.append(f"seed {seed}: {row}")
@@ -103,7 +103,7 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
             if teachers_from and teacher_runs[seed] is None:
                 log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
         log(f"== seed {seed}: {row} -> {folder}")
-        report = run(run_recipe, folder, progress=progress, log=log, teacher_from=teacher_runs[seed])
+        report = run(run_config, folder, progress=progress, log=log, teacher_from=teacher_runs[seed])
         teacher_runs[seed] = teacher_runs[seed] or folder
         results.setdefault(row, []).append(report)
     if not results:
@@ -122,20 +122,20 @@ def _write_table(out_dir, table):
     atomic_write_text(out_dir / "compare.md", render(table))
 
 
-def run_plan(recipe, out_dir, methods, seeds, without_stage1, settings):
-    """``[(seed, row label, run folder, run recipe)]``: every run of a comparison, in order."""
-    from .recipes import merge
-
+def run_plan(config, out_dir, methods, seeds, without_stage1, settings):
+    """``[(seed, row label, run folder, run configuration)]``: every run of a comparison, in
+    order; ``config``: the recipe's :class:`~linearize.config.RunConfig`, each run's made from it
+    by its setting's overrides and ``dataclasses.replace``."""
     plan = []
     for seed in seeds:
         for label, method, stage1 in variants(methods, without_stage1):
             for name, overrides in settings.items():
-                run_recipe = merge(copy.deepcopy(recipe), copy.deepcopy(overrides))
-                run_recipe.update(method=method, seed=seed)
-                run_recipe["stage1"]["enabled"] = stage1 and run_recipe["stage1"].get("enabled", True)
+                varied = config.with_overrides(overrides)
+                run_config = dataclasses.replace(varied, method=method, seed=seed, stage1=dataclasses.replace(
+                    varied.stage1, enabled=stage1 and varied.stage1.enabled))
                 folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
                                                     + (f"--{slug(name)}" if name else ""))
-                plan.append((seed, f"{label} ({name})" if name else label, folder, run_recipe))
+                plan.append((seed, f"{label} ({name})" if name else label, folder, run_config))
     return plan
 
 
@@ -170,26 +170,29 @@ def summarize(results):
                                                 for r in reports])[0],
                      "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports)})
     return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
-            "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe["name"]}
+            "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe.get("name")}
 
 
 def render(table):
+    """``compare.md``: one table line per row of :func:`summarize` (mean ± std over seeds), then notes."""
+
     def cell(mean, std, fmt="{:.3f}"):
         if mean is None:
             return "—"
         return fmt.format(mean) + (f" ± {fmt.format(std)}" if std else "")
 
-    lines = [f"| {table['model']} on {table['task']} | {table['metric']} ({table['split']}) | recovery % | "
-             f"attention KL after stage 1 | params added | latency ms (N={table['latency_seq_len']}) | "
-             "conversion time s | seeds |",
-             "|:--|--:|--:|--:|--:|--:|--:|--:|"]
+    header = [f"{table['model']} on {table['task']}", f"{table['metric']} ({table['split']})", "recovery %",
+              "attention KL after stage 1", "params added", f"latency ms (N={table['latency_seq_len']})",
+              "conversion time s", "seeds"]
+    rows = []
     for row in table["rows"]:
         params = f"{row['parameters_added']:,}" + (f" ({row['parameters_added_percent']:.2f}%)"
                                                     if row.get("parameters_added_percent") else "")
-        lines.append(f"| {row['row']} | {cell(row['metric_mean'], row['metric_std'])} | "
-                     f"{cell(row['recovery_mean'], row['recovery_std'], '{:.1f}')} | "
-                     f"{cell(row['kl_mean'], None)} | {params} | {cell(row['latency_ms'], None, '{:.1f}')} | "
-                     f"{cell(row.get('seconds_mean'), None, '{:.0f}')} | {row['seeds']} |")
+        rows.append([row["row"], cell(row["metric_mean"], row["metric_std"]),
+                     cell(row["recovery_mean"], row["recovery_std"], "{:.1f}"), cell(row["kl_mean"], None), params,
+                     cell(row["latency_ms"], None, "{:.1f}"), cell(row.get("seconds_mean"), None, "{:.0f}"),
+                     row["seeds"]])
+    lines = [markdown_table(header, rows)]
     kept = [f"{row['row']} ({row['stage1_kept']} of {row['seeds']})" for row in table["rows"] if row.get("stage1_kept")]
     if kept:
         lines += ["", "Stage 2 kept the stage-1 model (no stage-2 epoch beat it on the dev split) in: "

@@ -4,19 +4,25 @@ A recipe (``linearize/recipes/*.yaml``) fills a :class:`RunConfig`: the run's ow
 section per part of the run — :class:`DataConfig`, :class:`TeacherConfig`,
 :class:`Stage1Config`, :class:`Stage2Config` and :class:`EvalConfig`. The training stages take
 their own settings, :class:`DistillConfig` (stage 1) and :class:`FinetuneConfig` (stage 2 and
-the teacher); a section is its stage's config plus the run's keys for that stage.
+the teacher), both a :class:`TrainingConfig`; a section is its stage's config plus the run's keys
+for that stage, so each stage receives its section as it is (:meth:`RunConfig.stage`).
 Derived from these dataclasses, never written again: ``recipes.DEFAULTS`` (:func:`recipe_defaults`)
-and the stage options of ``linearize distill`` / ``linearize finetune``
-(``cli.config_options``). A new stage setting is one field here.
+and the stage and data options of ``linearize distill`` / ``finetune`` / ``eval``
+(``cli.config_options``). A new stage setting is one field here, and it reaches its reader typed:
+``recipes.load_recipe`` returns a checked :class:`RunConfig`, which travels to the report.
 
 Every field states its type, and a numeric or named one its range (:data:`LIMITS`);
 :meth:`Config.check` refuses a value of another type or out of range in one line (``OptionError``),
-as a method's options do, and :func:`validate_recipe` checks a whole recipe before anything runs.
+as a method's options do, and :meth:`RunConfig.validate` checks a whole run before anything runs.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +78,8 @@ LIMITS = {
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "examples": NON_NEGATIVE,
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
+    "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
+    "clock": _one_of("wall", "cpu"),
 }
 
 
@@ -111,31 +119,44 @@ class Config:
 
 
 @dataclass
-class DistillConfig(Config):
-    """Stage-1 hyperparameters. Defaults: the papers' (AdamW, cosine, lr 1e-3, one epoch)."""
+class TrainingConfig(Config):
+    """The settings every training stage shares (stage 1, stage 2 and the teacher's fine-tuning):
+    AdamW and its schedule, clipping, seed, precision, accumulation, trackers and checkpoints.
+    Each stage restates the defaults that differ (:class:`DistillConfig`, :class:`FinetuneConfig`)."""
 
-    lr: float = setting(1e-3, "AdamW learning rate of the feature maps.")
-    epochs: float = setting(1.0, "Passes over the distillation text (fractions allowed).")
+    lr: float = setting(1e-5, "AdamW learning rate (stage 1: of the feature maps only).")
+    epochs: float = setting(10.0, "Passes over the training data (fractions allowed; stage 2 may stop early: patience).")
     max_steps: int | None = setting(None, "Stop after this many steps (overrides epochs).")
     weight_decay: float = setting(0.0, "AdamW weight decay.")
     warmup_ratio: float = setting(0.0, "Fraction of steps of linear warmup.")
-    scheduler: str = setting("cosine", "cosine | linear | constant.")
-    output_loss_weight: float = setting(
-        0.0, "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off.")
-    negative_weight_penalty: float = setting(
-        100.0, "Weight λ of the penalty on negative student attention weights, λ·mean over query rows of "
-               "Σ_j max(−Â_ij, 0); only maps whose kernel can be negative (Flexformer) get it, for the others the "
-               "term is zero; 0 = off.")
+    scheduler: str = setting("linear", "linear | cosine | constant.")
     max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 = off).")
     seed: int = setting(0, "Random seed.")
-    checkpoint_every: int = setting(
-        100, "Save a resumable checkpoint every N optimizer steps (and always at the end; 0 = only at the end).")
     mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
     gradient_accumulation_steps: int = setting(
         1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
     report_to: str = setting(
         "none", "Experiment trackers for the training curves, comma-separated: tensorboard, wandb, mlflow, comet_ml, "
                 "aim, clearml, dvclive, swanlab, trackio (accelerate's; the package must be installed), or none.")
+    checkpoint_every: int = setting(
+        200, "Save a resumable checkpoint every N optimizer steps (and at the end, and at every stage-2 epoch end; "
+             "0 = only there).")
+
+
+@dataclass
+class DistillConfig(TrainingConfig):
+    """Stage-1 hyperparameters. Defaults: the papers' (AdamW, cosine, lr 1e-3, one epoch)."""
+
+    lr: float = restate(TrainingConfig, "lr", 1e-3)
+    epochs: float = restate(TrainingConfig, "epochs", 1.0)
+    scheduler: str = restate(TrainingConfig, "scheduler", "cosine")
+    checkpoint_every: int = restate(TrainingConfig, "checkpoint_every", 100)
+    output_loss_weight: float = setting(
+        0.0, "Weight of an attention-output MSE term beside the cross-entropy (LoLCATs); 0 = off.")
+    negative_weight_penalty: float = setting(
+        100.0, "Weight λ of the penalty on negative student attention weights, λ·mean over query rows of "
+               "Σ_j max(−Â_ij, 0); only maps whose kernel can be negative (Flexformer) get it, for the others the "
+               "term is zero; 0 = off.")
     block_size: int | None = setting(
         512, "Query rows per block of the attention loss: a longer sequence is distilled block by block "
              "(memory block × length instead of length², same loss; fewer rows where a block of the batch would pass "
@@ -143,30 +164,14 @@ class DistillConfig(Config):
 
 
 @dataclass
-class FinetuneConfig(Config):
+class FinetuneConfig(TrainingConfig):
     """Stage-2 hyperparameters (defaults: the ``glue`` recipe)."""
 
-    lr: float = setting(1e-5, "AdamW learning rate.")
     batch_size: int = setting(8, "Training batch size (per process).")
-    epochs: float = setting(10.0, "Maximum number of epochs.")
-    max_steps: int | None = setting(None, "Stop after this many steps (overrides epochs).")
-    weight_decay: float = setting(0.0, "AdamW weight decay.")
-    scheduler: str = setting("linear", "linear | cosine | constant.")
-    warmup_ratio: float = setting(0.0, "Fraction of steps of linear warmup.")
     patience: int = setting(3, "Early stopping: epochs without dev improvement (0 = off).")
-    max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 = off).")
-    seed: int = setting(0, "Random seed.")
-    mixed_precision: str = setting("no", "no | fp16 (GPU only) | bf16 (accelerate).")
     kd_weight: float = setting(
         0.0, "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off).")
     kd_temperature: float = setting(2.0, "Temperature of that distillation term.")
-    gradient_accumulation_steps: int = setting(
-        1, "Micro-batches per optimizer step (effective batch = batch size × this × processes).")
-    report_to: str = setting(
-        "none", "Experiment trackers for the training curves, comma-separated: tensorboard, wandb, mlflow, comet_ml, "
-                "aim, clearml, dvclive, swanlab, trackio (accelerate's; the package must be installed), or none.")
-    checkpoint_every: int = setting(
-        200, "Save a resumable checkpoint every N optimizer steps (and at every epoch end; 0 = epoch ends only).")
 
 
 @dataclass
@@ -194,6 +199,25 @@ class SlidingWindowConfig(Config):
                "by default only global layers are converted and sliding-window layers stay windowed softmax.")
 
 
+@dataclass
+class MeasureConfig(Config):
+    """How ``linearize bench attention | long | folder`` measure: batch, threads, device, precision
+    and the timer (``linearize.bench``)."""
+
+    batch_size: int = setting(1, "Batch size.")
+    threads: int | None = setting(
+        None, "CPU threads for torch (default: one per usable core; OpenMP waits passively, so a busy machine slows "
+              "a run but does not stall it: docs/usage.md, 'Threads').")
+    device: str = setting("cpu", "cpu or cuda (cuda:N): where models and attention run; on cuda SDPA's flash and "
+                                 "memory-efficient kernels are timed too.")
+    dtype: str = setting("fp32", "fp32, bf16 or fp16 (fp16 on cuda only).")
+    repeats: int = setting(5, "Timed repetitions per measurement (medians are reported).")
+    clock: str = setting("wall", "wall, or cpu: the process's CPU time (with --threads 1 it does not count time "
+                                 "other processes take).")
+    warmup: int = setting(2, "Untimed warm-up repetitions.")
+    memory: bool = setting(True, "Also measure peak extra memory.")
+
+
 # ---- the recipe's sections ------------------------------------------------------------------------
 
 @dataclass
@@ -202,7 +226,8 @@ class DataConfig(Config):
 
     data_dir: str | None = setting(None, "Local data: GLUE's own layout, an image folder, or Fashion-MNIST IDX files.")
     data_file: str | None = setting(None, "One CSV/TSV/JSON(L) file, split into train/dev/test.")
-    train_file: str | None = setting(None, "CSV/TSV/JSON(L) training file.")
+    train_file: str | None = setting(
+        None, "CSV/TSV/JSON(L) training file (task embeddings: also .txt, one sentence a line).")
     validation_file: str | None = setting(None, "CSV/TSV/JSON(L) dev file.")
     test_file: str | None = setting(None, "CSV/TSV/JSON(L) test file (reported only).")
     text_column: str = setting("text", "Text column of data files.")
@@ -300,11 +325,117 @@ class RunConfig(Config):
     stage2: Stage2Config = setting(Stage2Config, "Stage 2: fine-tuning the student.")
     eval: EvalConfig = setting(EvalConfig, "Evaluation.")
     quick: dict = setting({}, "Overrides applied by --quick.")
+    quick_mode: bool = setting(False, "Whether --quick was applied (set by load_recipe, not by a recipe).")
+
+    not_in_recipe = ("quick_mode",)
+
+    @classmethod
+    def from_recipe(cls, values):
+        """The run configuration of a resolved recipe dict (``state.json``'s and ``report.json``'s
+        form, or ``recipes.merge``'s): each section's dict becomes its config; a key the dict lacks
+        takes its default (a run folder written before the key existed). Not checked: see
+        :meth:`validate`."""
+        sections = {f.name: f.default_factory for f in dataclasses.fields(cls)
+                    if isinstance(f.default_factory, type) and issubclass(f.default_factory, Config)}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known, key=str)
+        if unknown:
+            raise OptionError(f"unknown recipe key {unknown[0]!r}; valid keys: {', '.join(sorted(known))}")
+        built = {}
+        for name, value in values.items():
+            if name in sections and isinstance(value, dict):
+                value = _section_from(sections[name], value, f"{name}.")
+            built[name] = value
+        return cls(**built)
+
+    def to_recipe(self):
+        """The recipe dict (what ``state.json`` and ``report.json`` hold): every recipe key, the
+        sections nested, and ``quick_mode``."""
+        return {**section_defaults(self), "quick_mode": self.quick_mode}
+
+    def with_overrides(self, overrides):
+        """This configuration with the nested override dict ``overrides`` merged in (keys checked
+        as a recipe's: ``recipes.merge``)."""
+        return RunConfig.from_recipe(merge(self.to_recipe(), overrides))
+
+    def stage(self, name, report_to="none"):
+        """Section ``name`` (``teacher``, ``stage1``, ``stage2``) with the run's seed and trackers:
+        the typed settings that stage trains with."""
+        return dataclasses.replace(getattr(self, name), seed=self.seed, report_to=report_to)
+
+    def validate(self):
+        """Check the whole run before any stage runs: every section's types and ranges, the head,
+        the method and every method's options (typed by its options dataclass, nothing coerced).
+        ``OptionError`` (one line) naming the key, else ``self``. The task's columns and labels
+        are checked when its data loads, also first."""
+        from .attention.feature_maps import method_settings, methods, options_for
+        from .convert.loading import HEADS
+
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, Config):
+                value.check(f"{item.name}.")
+        self.check()
+        if self.head not in HEADS:
+            raise OptionError(f"unknown head {self.head!r}; valid heads: {', '.join(HEADS)}")
+        method_settings(self.method, options_for(self.method, self.options))  # the run's own method
+        for name in sorted(set(self.options) & set(methods())):  # a block keyed by another method: that method's
+            method_settings(name, self.options[name])
+        return self
+
+
+def _section_from(config_class, values, where):
+    """``config_class`` from a recipe section's dict; an unknown key is a one-line error."""
+    keys = set(config_class.recipe_keys())
+    unknown = sorted(set(values) - keys, key=str)
+    if unknown:
+        raise OptionError(f"unknown recipe key {where}{unknown[0]}; valid keys in {where[:-1]}: "
+                          f"{', '.join(config_class.recipe_keys())}")
+    return config_class(**values)
+
+
+def merge(base, update, path=""):
+    """``base`` updated by the nested dict ``update``; an unknown key is an error naming the closest."""
+    out = copy.deepcopy(base)
+    for key, value in (update or {}).items():
+        where = f"{path}{key}"
+        if key not in base:
+            close = difflib.get_close_matches(str(key), list(base), n=1)
+            hint = f"did you mean {path + close[0]!r}? " if close else ""
+            raise OptionError(f"unknown recipe key {where!r}; {hint}valid keys{' in ' + path[:-1] if path else ''}: "
+                              f"{', '.join(base)}")
+        if key == "options" and isinstance(base[key], dict) and isinstance(value, dict):
+            out[key] = _merge_free(base[key], value)  # checked against the method when it is built
+        elif isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
+            if not isinstance(value, dict):
+                raise OptionError(f"recipe key {where!r} must be a mapping")
+            out[key] = merge(base[key], value, f"{where}.")
+        else:
+            out[key] = yaml_number(copy.deepcopy(value))
+    return out
+
+
+def _merge_free(base, update):
+    """``base`` updated by ``update``, nested dicts merged, no key checks (feature-map options)."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(out.get(key), dict) and isinstance(value, dict):
+            out[key] = _merge_free(out[key], value)
+        else:
+            out[key] = yaml_number(copy.deepcopy(value))
+    return out
+
+
+def yaml_number(value):
+    """A number YAML 1.1 leaves as a string (``1e-2``, ``5E-5``) as a float; any other value as it is."""
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
+        return float(value)
+    return value
 
 
 def section_defaults(config):
-    """A config's fields as a recipe holds them: ``{key: default}``, sections nested."""
-    return {name: section_defaults(value) if isinstance(value, Config) else value
+    """A config's fields as a recipe holds them: ``{key: value}``, sections nested."""
+    return {name: section_defaults(value) if isinstance(value, Config) else copy.deepcopy(value)
             for name, value in ((key, getattr(config, key)) for key in type(config).recipe_keys())}
 
 
@@ -313,32 +444,47 @@ def recipe_defaults():
     return section_defaults(RunConfig())
 
 
-def stage_config(config_class, values, **fixed):
-    """``config_class`` from the entries of ``values`` that are its fields (a recipe section's
-    other keys, e.g. ``enabled``, are the run's), ``fixed`` winning."""
-    names = {f.name for f in dataclasses.fields(config_class)}
-    return config_class(**{**{k: v for k, v in values.items() if k in names}, **fixed})
+#: the settings a shared teacher must match (``linearize run --teacher-from``, ``compare``)
+TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "seed")
 
 
-def validate_recipe(recipe):
-    """Check a resolved recipe (``recipes.load_recipe``'s dict) before any stage runs: every
-    section's types and ranges, the method, every method's options (typed by its options
-    dataclass, nothing coerced) and the head. ``OptionError`` (one line) naming the key, else
-    the recipe. The task's columns and labels are checked when its data loads, also first."""
-    from .attention.feature_maps import method_settings, methods
-    from .convert.loading import HEADS
-    from .recipes import options_for
+def config_difference(saved, current, names=None, path=""):
+    """The first setting in which two configurations differ, as ``"key: saved -> current"``, or
+    None; only the fields ``names`` when given. Feature-map options are compared with the
+    method's defaults filled in (``{}`` and ``{"shared_projections": True}`` are the same LUNA)."""
+    for name in names or [f.name for f in dataclasses.fields(current) if f.name not in _unsaved(current)]:
+        old, new = getattr(saved, name), getattr(current, name)
+        if isinstance(old, Config) and isinstance(new, Config):
+            found = config_difference(old, new, path=f"{path}{name}.")
+        elif name == "options" and not path:
+            found = _options_difference(current.method, old, new)
+        else:
+            old, new = _as_json(old), _as_json(new)
+            found = f"{path}{name}: {old!r} -> {new!r}" if old != new else None
+        if found is not None:
+            return found
+    return None
 
-    values = {}
-    for name, default in vars(RunConfig()).items():
-        value = recipe.get(name, default)
-        if isinstance(default, Config) and isinstance(value, dict):  # a section: its own fields, checked
-            value = type(default)(**{k: v for k, v in value.items() if k in default.recipe_keys()}).check(f"{name}.")
-        values[name] = value
-    config = RunConfig(**values).check()
-    if config.head not in HEADS:
-        raise OptionError(f"unknown head {config.head!r}; valid heads: {', '.join(HEADS)}")
-    method_settings(config.method, options_for(config.method, config.options))  # the run's own method
-    for name in sorted(set(config.options) & set(methods())):  # a block keyed by another method: that method's
-        method_settings(name, config.options[name])
-    return recipe
+
+def _unsaved(config):
+    """The fields a recipe does not carry (set by the run), but ``quick_mode``, which it records."""
+    return tuple(name for name in type(config).not_in_recipe if name != "quick_mode")
+
+
+def _as_json(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _options_difference(method, old, new):
+    """The first feature-map option of ``method`` that differs, a missing one at its default."""
+    from .attention import method_options
+
+    try:
+        defaults = _as_json(method_options(method))
+    except (ValueError, TypeError):  # no such method: compare as given
+        defaults = {}
+    old, new = {**defaults, **_as_json(old or {})}, {**defaults, **_as_json(new or {})}
+    for option in sorted(set(old) | set(new), key=str):
+        if old.get(option) != new.get(option):
+            return f"options.{option}: {old.get(option)!r} -> {new.get(option)!r}"
+    return None

@@ -1,5 +1,6 @@
-"""Sentence embeddings: pooling as sentence-transformers does it, the agreement metrics of an
-embedding student with its teacher, and the embedding-distillation loss.
+"""Sentence embeddings: pooling as sentence-transformers does it and the embedding-distillation
+loss (the agreement metrics of an embedding student with its teacher are in
+:mod:`linearize.metrics`).
 
 linearize computes these itself (sentence-transformers is not needed): the pooling a folder's
 ``1_Pooling/config.json`` and ``modules.json`` describe (:func:`folder_pooling`), applied to the
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .errors import LinearizeError
@@ -20,7 +20,6 @@ from .errors import LinearizeError
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "lasttoken")
 _CONFIG_KEYS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
                 "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens", "lasttoken": "pooling_mode_lasttoken"}
-TOP_K = 10  # the retrieval overlap's k
 
 
 @dataclass(frozen=True)
@@ -67,15 +66,15 @@ def folder_pooling(source):
     from pathlib import Path
 
     from .convert.loading import resolve_model_name
-    from .convert.sentence_transformers import BLOCK_KEY, read_files
+    from .convert.sentence_transformers import read_files
 
     path = Path(resolve_model_name(str(source))) / "config.json"
     if path.is_file():
-        from .convert.config_block import decode_block
+        from .convert.record import ConversionRecord
 
-        block = decode_block(json.loads(path.read_text()).get("linearize")) or {}
-        if block.get(BLOCK_KEY):
-            return pooling_from_files(block[BLOCK_KEY])
+        record = ConversionRecord.from_config(json.loads(path.read_text()))
+        if record is not None and record.sentence_transformers_files:
+            return pooling_from_files(record.sentence_transformers_files)
     return pooling_from_files(read_files(source))
 
 
@@ -120,46 +119,3 @@ def distillation_loss(student, teacher):
     Multilingual using Knowledge Distillation", eq. 1 (1/|β| Σ_j ‖M(s_j) − M̂(s_j)‖², here with
     student M̂ and teacher M on the same sentence), averaged over the embedding's dimensions too."""
     return torch.nn.functional.mse_loss(student.float(), teacher.float())
-
-
-# ---------------------------------------------------------------- agreement metrics
-
-def _unit(vectors):
-    vectors = np.asarray(vectors, dtype=np.float64)
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-
-
-def mean_cosine(student, teacher):
-    """Mean over sentences of cos(student_i, teacher_i)."""
-    return float(np.mean(np.sum(_unit(student) * _unit(teacher), axis=1)))
-
-
-def top_k_overlap(student, teacher, k=TOP_K):
-    """Retrieval agreement on a corpus: every sentence queries the corpus (itself excluded) by cosine
-    similarity, under the teacher's and the student's embeddings; the mean over queries of
-    |top-k(teacher) ∩ top-k(student)| / k (k shrinks to the corpus size − 1 when smaller)."""
-    student, teacher = _unit(student), _unit(teacher)
-    n = len(teacher)
-    k = min(k, n - 1)
-    if k < 1:
-        raise LinearizeError("the top-k retrieval overlap needs at least two sentences")
-    overlaps = []
-    for similarities in (teacher @ teacher.T, student @ student.T):
-        np.fill_diagonal(similarities, -np.inf)  # a sentence does not retrieve itself
-        overlaps.append(np.argpartition(-similarities, k - 1, axis=1)[:, :k])
-    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(*overlaps)]))
-
-
-def similarity_spearman(first, second, gold):
-    """Spearman correlation between cos(first_i, second_i) and the gold similarity scores (the STS
-    benchmark's measure, Cer et al. 2017, "SemEval-2017 Task 1: Semantic Textual Similarity", as
-    Reimers & Gurevych 2019 §4.1 use it); 0 when either side is constant."""
-    from .metrics import spearmanr
-
-    cosine = np.sum(_unit(first) * _unit(second), axis=1)
-    return spearmanr(cosine, np.asarray(gold, dtype=np.float64))
-
-
-def agreement(student, teacher):
-    """``{"cosine", "top10_overlap"}`` of student against teacher embeddings of one corpus."""
-    return {"cosine": mean_cosine(student, teacher), f"top{TOP_K}_overlap": top_k_overlap(student, teacher)}

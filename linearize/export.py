@@ -124,7 +124,7 @@ def export(directory, out=None, format="onnx", check=True, overwrite=False):
 
 def export_model(model, out, check=True):
     """:func:`export` of a model in memory (float32, evaluation mode)."""
-    from .io import atomic_path
+    from .outputs import atomic_path
 
     model = model.float().eval()
     inputs = example_inputs(model)

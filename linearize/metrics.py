@@ -8,6 +8,8 @@ Where a task has two numbers, ``combined`` is their mean — what the GLUE score
 that task — and is the primary metric for early stopping. MNLI is scored per split
 (matched, mismatched): call ``compute_metrics("mnli", ...)`` on each. Images: top-1
 (``accuracy``) and top-5 accuracy (``top5_accuracy``, which needs scores, not class ids).
+Sentence embeddings: agreement with the teacher's embeddings (:func:`agreement`: mean cosine and
+top-10 retrieval overlap) and the STS Spearman correlation (:func:`similarity_spearman`).
 
 ``predictions`` may be class ids ``(N,)`` or scores/logits ``(N, C)`` (arg-maxed);
 regression predictions are ``(N,)`` or ``(N, 1)``.
@@ -21,6 +23,7 @@ from .errors import LinearizeError
 
 IMAGE_METRICS = ("accuracy", "top5_accuracy")
 REGRESSION_METRICS = ("pearson", "spearmanr", "combined")
+TOP_K = 10  # the embedding retrieval overlap's k
 _EXTRA_TASKS = {
     "mnli_matched": ("accuracy",), "mnli_mismatched": ("accuracy",), "mnli-mm": ("accuracy",),
     "moviereviews": ("accuracy",), "moviereviews-long": ("accuracy",), "text": ("accuracy",),
@@ -72,6 +75,48 @@ def top_k_accuracy(scores, labels, k=5):
     k = min(k, scores.shape[1])
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     return float(np.mean(np.any(top == labels[:, None], axis=1)))
+
+
+# ---------------------------------------------------------------- embeddings: agreement with the teacher
+
+def unit_rows(vectors):
+    """``vectors`` (N, D) as float64 rows scaled to length 1 (a zero row stays zero)."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+
+def mean_cosine(student, teacher):
+    """Mean over sentences of cos(student_i, teacher_i)."""
+    return float(np.mean(np.sum(unit_rows(student) * unit_rows(teacher), axis=1)))
+
+
+def top_k_overlap(student, teacher, k=TOP_K):
+    """Retrieval agreement on a corpus: every sentence queries the corpus (itself excluded) by cosine
+    similarity, under the teacher's and the student's embeddings; the mean over queries of
+    |top-k(teacher) ∩ top-k(student)| / k (k shrinks to the corpus size − 1 when smaller)."""
+    student, teacher = unit_rows(student), unit_rows(teacher)
+    n = len(teacher)
+    k = min(k, n - 1)
+    if k < 1:
+        raise LinearizeError("the top-k retrieval overlap needs at least two sentences")
+    overlaps = []
+    for similarities in (teacher @ teacher.T, student @ student.T):
+        np.fill_diagonal(similarities, -np.inf)  # a sentence does not retrieve itself
+        overlaps.append(np.argpartition(-similarities, k - 1, axis=1)[:, :k])
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(*overlaps)]))
+
+
+def similarity_spearman(first, second, gold):
+    """Spearman correlation between cos(first_i, second_i) and the gold similarity scores (the STS
+    benchmark's measure, Cer et al. 2017, "SemEval-2017 Task 1: Semantic Textual Similarity", as
+    Reimers & Gurevych 2019 §4.1 use it); 0 when either side is constant."""
+    cosine = np.sum(unit_rows(first) * unit_rows(second), axis=1)
+    return spearmanr(cosine, np.asarray(gold, dtype=np.float64))
+
+
+def agreement(student, teacher):
+    """``{"cosine", "top10_overlap"}`` of student against teacher embeddings of one corpus."""
+    return {"cosine": mean_cosine(student, teacher), f"top{TOP_K}_overlap": top_k_overlap(student, teacher)}
 
 
 # name -> (function, what it takes): "ids" class ids, "scores" (N, C) scores, "values" regression values
@@ -129,10 +174,8 @@ def is_regression(task) -> bool:
 def compute_metrics(task, predictions, references) -> dict[str, float]:
     """``{metric: value}`` for ``task`` (see ``metric_names``); ``combined`` is the mean of the others.
     An embedding task (``TaskSpec.is_embedding``) scores embeddings ``(N, D)`` against the teacher's
-    (``references``, ``(N, D)``) with :func:`linearize.embeddings.agreement`."""
+    (``references``, ``(N, D)``) with :func:`agreement`."""
     if getattr(task, "is_embedding", False):
-        from .embeddings import agreement
-
         return agreement(predictions, references)
     names = metric_names(task)
     preds = np.asarray(predictions)

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .convert import sentence_transformers
-from .convert.config_block import decode_block
 from .errors import LinearizeError
-from .model_bench import FOLDER_BENCH_JSON, read_folder_bench
+from .bench import FOLDER_BENCH_JSON, read_folder_bench
 from .report import Report
+from .convert.loading import read_conversion_record
 from .report.card import METHOD_NOTES, build_card, source_info  # noqa: F401  (re-exported: the card's parts)
 
 README = "README.md"
@@ -90,8 +89,6 @@ def locate(path, *, no_report=False):
     A run folder's own report is preferred to the copy inside its ``model/``. Without a report
     this refuses unless ``no_report``; with ``no_report`` no report is used even if present.
     """
-    from .convert.api import read_linearize_block
-
     path = Path(path)
     if not path.exists():
         raise LinearizeError(f"{path} does not exist; pass a run folder (from `linearize run`) or a converted "
@@ -105,7 +102,7 @@ def locate(path, *, no_report=False):
     else:
         raise LinearizeError(f"{path} is not a converted model folder (no config.json) nor a run folder (no "
                              "model/config.json); convert a model with `linearize convert` or `linearize run`")
-    read_linearize_block(model_dir)  # raises if it is not a linearize-converted model
+    read_conversion_record(model_dir)  # raises if it is not a linearize-converted model
     if no_report:
         return model_dir, None
     for candidate in candidates:
@@ -129,11 +126,10 @@ def model_files(model_dir):
     model_dir = Path(model_dir)
     files = {p.name: p for p in sorted(model_dir.iterdir())
              if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_PATTERNS)}
-    data = json.loads((model_dir / "config.json").read_text())
-    block = decode_block(data.get("linearize")) or {}
-    timm = block.get("base_model_type") == "timm"
+    _, record = read_conversion_record(model_dir)
+    timm = record.is_timm
     # a sentence-transformers model's own files (modules.json, 1_Pooling/config.json, ...)
-    files.update({name: model_dir / name for name in block.get(sentence_transformers.BLOCK_KEY) or {}
+    files.update({name: model_dir / name for name in record.sentence_transformers_files or {}
                   if (model_dir / name).is_file()})
     missing = []
     if "model.safetensors" not in files and "model.safetensors.index.json" not in files:
@@ -192,12 +188,12 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
     speed = read_folder_bench(model_dir)
     if speed is not None:
         files[FOLDER_BENCH_JSON] = model_dir / FOLDER_BENCH_JSON
-    config = json.loads((model_dir / "config.json").read_text())
+    config, record = read_conversion_record(model_dir)
     card = model_card(repo_id, config, report, figures=list(figures), files=list(files), speed=speed)
     files[README] = None
     return PushPlan(repo_id=repo_id, revision=revision or "main", private=bool(private), endpoint=hub_endpoint(),
                     model_dir=model_dir, report_path=report_path, card=card,
-                    method=(decode_block(config.get("linearize")) or {}).get("method", "linear-attention"), files=files)
+                    method=record.method, files=files)
 
 
 def stage(push_plan, directory):
@@ -275,7 +271,7 @@ def push(path, repo_id, *, private=False, revision=None, token=None, dry_run=Fal
     if constants.is_offline_mode():
         raise LinearizeError("HF_HUB_OFFLINE is set: huggingface_hub will not reach the Hub; unset it (or set "
                              "HF_HUB_OFFLINE=0) to push")
-    from . import __version__
+    from .version import __version__
 
     endpoint = push_plan.endpoint
     api = HfApi(endpoint=endpoint, token=token, library_name="linearize", library_version=__version__)

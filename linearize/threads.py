@@ -18,6 +18,7 @@ import sys
 import time
 
 from .errors import LinearizeError
+from .machine import cpu_snapshot, load_average, other_processes_cores
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 
@@ -61,39 +62,10 @@ def busy_cores(seconds=SAMPLE_SECONDS):
     quiet machine."""
     start = cpu_snapshot()
     if start is None:
-        return _load_average()
+        load = load_average()
+        return None if load is None else load[0]
     time.sleep(seconds)
     return other_processes_cores(start, cpu_snapshot())
-
-
-def cpu_snapshot():
-    """``(wall s, CPU s busy on the whole machine, CPU s of this process)`` or None off Linux."""
-    try:
-        import resource  # not on Windows, where ``import linearize`` must still work
-
-        with open("/proc/stat") as stat:
-            fields = [float(x) for x in stat.readline().split()[1:]]
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (ImportError, OSError, ValueError, IndexError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.monotonic(), (sum(fields[:8]) - idle) / ticks, usage.ru_utime + usage.ru_stime
-
-
-def other_processes_cores(start, end):
-    """Average number of cores other processes kept busy between two :func:`cpu_snapshot`."""
-    if start is None or end is None or end[0] <= start[0]:
-        return None
-    other = (end[1] - start[1]) - (end[2] - start[2])
-    return round(max(other, 0.0) / (end[0] - start[0]), 3)
-
-
-def _load_average():
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on this platform
-        return None
 
 
 def set_threads(threads):

@@ -62,8 +62,8 @@ def main(out):
     result = distill(model, loader(PER_PROCESS_BATCH), CONFIG, eval_batches=1, accelerator=accelerator,
                      progress=False, log=lambda *a, **k: None)
     if accelerator.is_main_process:
-        torch.save({"weights": feature_map_weights(model), "steps": result["steps"],
-                    "ce": [entry["ce"] for entry in result["history"]]}, out)
+        torch.save({"weights": feature_map_weights(model), "steps": result.steps,
+                    "ce": [entry["ce"] for entry in result.history]}, out)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 

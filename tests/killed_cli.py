@@ -3,8 +3,8 @@
 Usage: ``python -m torch.distributed.run --nproc_per_node 2 --standalone tests/killed_cli.py
 FOLDER STEP linearize-arguments...``: the processes run ``linearize linearize-arguments...`` and
 kill themselves as soon as the checkpoint of optimizer step ``STEP`` in a checkpoint folder named
-``FOLDER`` is complete (stage 1: ``stage1_state.pt``; stage 2: ``accelerator.save_state``), as a
-preempted job would be. For tests/test_distributed_cli.py.
+``FOLDER`` is complete (``Trainer.save_checkpoint``, both stages), as a preempted job would be.
+For tests/test_distributed_cli.py.
 """
 
 import os
@@ -12,29 +12,20 @@ import signal
 import sys
 from pathlib import Path
 
-import linearize.distill.stage1 as stage1
-import linearize.finetune.stage2 as stage2
 from linearize.cli import main
+from linearize.training import Trainer
 
 FOLDER, STEP = sys.argv[1], int(sys.argv[2])
-save_stage1, save_stage2 = stage1._save_state, stage2.save_accelerator_checkpoint
+save_checkpoint = Trainer.save_checkpoint
 
 
-def kill_at(folder, step):
-    if Path(folder).name == FOLDER and step == STEP:
+def save_then_kill(trainer, directory, **progress):
+    """``Trainer.save_checkpoint``, then SIGKILL when it was step ``STEP``'s in a folder named ``FOLDER``."""
+    save_checkpoint(trainer, directory, **progress)
+    if Path(directory).name == FOLDER and progress["step"] == STEP:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def stage1_then_kill(path, maps, optimizer, scheduler, step, *args):
-    save_stage1(path, maps, optimizer, scheduler, step, *args)
-    kill_at(Path(path).parent, step)
-
-
-def stage2_then_kill(accelerator, output_dir, progress):
-    save_stage2(accelerator, output_dir, progress)
-    kill_at(output_dir, progress["step"])
-
-
-stage1._save_state, stage2.save_accelerator_checkpoint = stage1_then_kill, stage2_then_kill
+Trainer.save_checkpoint = save_then_kill
 sys.argv = ["linearize", *sys.argv[3:]]
 main()

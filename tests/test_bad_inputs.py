@@ -7,6 +7,7 @@ temporary folder is left beside it.
 """
 
 import csv
+import dataclasses
 import errno
 import json
 import re
@@ -21,7 +22,9 @@ from typer.testing import CliRunner
 from linearize.cli import app
 from linearize.convert import convert_checkpoint
 from linearize.pipeline import RunState
-from linearize.recipes import load_recipe, options_for
+from linearize.attention.feature_maps import options_for
+from linearize.recipes import load_recipe
+from linearize.report import StageResult
 from tiny_models import save_tiny_text_classifier
 
 runner = CliRunner()
@@ -82,7 +85,8 @@ CONVERT = "convert {ws}/tiny --out {out} --method relu"
 def finished_teacher(ws, out, monkeypatch):
     """``out`` holds a hedgehog run of tiny.yaml whose teacher is finished."""
     recipe = load_recipe(str(ws / "tiny.yaml"))
-    RunState(out, dict(recipe, options=options_for("hedgehog", recipe["options"]))).finish("teacher", {"seconds": 0.0})
+    config = dataclasses.replace(recipe, options=options_for("hedgehog", recipe.options))
+    RunState(out, config).finish("teacher", StageResult())
 
 
 def home_is_workspace(ws, out, monkeypatch):

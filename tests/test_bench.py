@@ -67,21 +67,21 @@ def test_cpu_clock_is_recorded_and_an_unknown_clock_is_refused(tmp_path):
 def test_method_list_takes_options_in_parentheses():
     import pytest
 
-    from linearize.bench import _method_specs, parse_method_list
+    from linearize.bench import method_specs, parse_method_list
     from linearize.errors import LinearizeError
 
     assert parse_method_list("luna, luna(projections=16,shared_projections=false),elu") == [
         "luna", ("luna", {"projections": 16, "shared_projections": False}), "elu"]
-    specs = _method_specs("luna,luna(projections=16)")
+    specs = method_specs("luna,luna(projections=16)")
     assert specs == [("luna", "luna", {}), ("luna(projections=16)", "luna", {"projections": 16})]
     for bad, message in [("luna(projections=16", "unbalanced"), ("luna(projections)", "is not key=value"),
                          ("luna(projections=16)x", "nothing may follow")]:
         with pytest.raises(LinearizeError, match=message):
             parse_method_list(bad)
     with pytest.raises(ValueError, match="unknown option.*bogus.*valid options: .*projections"):
-        _method_specs("luna(bogus=1)")
+        method_specs("luna(bogus=1)")
     with pytest.raises(ValueError, match="unknown method 'lunar'"):
-        _method_specs("lunar")
+        method_specs("lunar")
 
 
 def _tiny_bert():
@@ -97,7 +97,7 @@ def test_a_placement_the_machine_cannot_run_is_a_one_line_error():
     import pytest
 
     from linearize.errors import LinearizeError
-    from linearize.placement import Placement
+    from linearize.bench import Placement
 
     assert Placement.parse("CPU", "BF16") == Placement("cpu", "bf16")
     with pytest.raises(LinearizeError, match="not one of fp32, bf16, fp16"):
@@ -113,16 +113,19 @@ def test_a_placement_the_machine_cannot_run_is_a_one_line_error():
 
 def test_bench_in_bf16_runs_attention_and_model_in_bf16(tmp_path, monkeypatch):
     import linearize.bench as bench
+    import linearize.bench.attention
+    import linearize.bench.models
 
     seen = []
-    measure = bench._measure
+    measure = bench.measure_candidates
 
     def spy(candidates, *args, **kwargs):  # every candidate's output dtype, then the real measurement
         with torch.inference_mode():
             seen.extend(getattr(fn(), "dtype", None) or fn().logits.dtype for fn in candidates.values())
         return measure(candidates, *args, **kwargs)
 
-    monkeypatch.setattr(bench, "_measure", spy)
+    for module in (linearize.bench.attention, linearize.bench.models):  # the attention layer and the whole model
+        monkeypatch.setattr(module, "measure_candidates", spy)
     result = bench.run_bench(tmp_path, methods=["hedgehog"], seq_lens=(16,), num_heads=2, head_dim=8, repeats=1,
                              warmup=0, memory=False, model=_tiny_bert(), model_seq_lens=(8,), dtype="bf16", log=None)
     assert result["config"]["dtype"] == "bfloat16" and result["config"]["placement"] == "cpu, bfloat16"

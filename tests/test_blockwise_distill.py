@@ -162,12 +162,12 @@ def test_distill_blockwise_equals_one_shot_on_a_long_sequence(method, weight, mo
         students.append(student)
         assert bool(calls) == bool(block)  # block_size 0: one shot; 20: block by block
     one_shot, blockwise = results
-    assert blockwise["steps"] == one_shot["steps"] == 4
-    for a, b in zip(one_shot["history"], blockwise["history"]):
+    assert blockwise.steps == one_shot.steps == 4
+    for a, b in zip(one_shot.history, blockwise.history):
         assert b["ce"] == pytest.approx(a["ce"], abs=1e-5) and b["kl"] == pytest.approx(a["kl"], abs=1e-5)
     for when in ("per_layer_before", "per_layer_after"):
-        for layer, row in one_shot[when].items():
-            assert blockwise[when][layer] == pytest.approx(row, abs=1e-5)
+        for layer, row in getattr(one_shot, when).items():
+            assert getattr(blockwise, when)[layer] == pytest.approx(row, abs=1e-5)
     maps = [feature_maps_of(s) for s in students]
     for index, fm in maps[0].items():
         for (name, a), (_, b) in zip(fm.named_parameters(), maps[1][index].named_parameters()):

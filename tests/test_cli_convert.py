@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from linearize.cli import app
-from linearize.convert.config_block import decode_block
+from linearize.convert import ConversionRecord
 from tiny_models import build
 
 runner = CliRunner()
@@ -34,7 +34,7 @@ def test_convert_and_info(tiny_bert, tmp_path):
     assert code == 0, text
     assert "parameters added" in text and "1 of 2: [1] (others softmax)" in text
     config = json.loads((out / "config.json").read_text())
-    assert decode_block(config["linearize"])["options"] == {"projections": 4, "shared_mlp": False}
+    assert ConversionRecord.from_config(config).options == {"projections": 4, "shared_mlp": False}
     assert any(".linearize_map." in key for key in load_file(out / "model.safetensors"))
     code, text = invoke("info", out)
     assert code == 0 and "luna" in text and "projections=4" in text
@@ -45,7 +45,7 @@ def test_convert_with_a_new_head(tiny_bert, tmp_path):
     code, text = invoke("convert", tiny_bert, "--out", tmp_path / "o", "--head", "token-classification",
                         "--num-labels", "5", "--method", "t2r")
     assert code == 0, text
-    assert decode_block(json.loads((tmp_path / "o" / "config.json").read_text())["linearize"])["architecture"] == \
+    assert ConversionRecord.from_config(json.loads((tmp_path / "o" / "config.json").read_text())).architecture == \
         "BertForTokenClassification"
 
 

@@ -63,7 +63,7 @@ def test_an_unexpected_exception_keeps_its_traceback():
 
 def test_a_path_error_on_a_path_the_user_gave_is_one_line(tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
-    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "a-file" / "bench"), "--methods", "relu",
+    result = runner.invoke(app, ["bench", "attention", "--out", str(tmp_path / "a-file" / "bench"), "--methods", "relu",
                                  "--seq-lens", "8", "--model", "none", "--repeats", "1", "--warmup", "0",
                                  "--no-memory"])
     assert result.exit_code == 1, result.output

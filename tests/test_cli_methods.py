@@ -26,18 +26,19 @@ def test_methods_rejects_bad_options_in_one_line():
 def test_bench_command_writes_its_files(tmp_path):
     import json
 
-    result = runner.invoke(app, ["bench", "--out", str(tmp_path), "--methods", "relu,luna", "--seq-lens", "16,32",
-                                 "--model", "none", "--repeats", "1", "--warmup", "0", "--no-memory"])
+    result = runner.invoke(app, ["bench", "attention", "--out", str(tmp_path), "--methods", "relu,luna",
+                                 "--seq-lens", "16,32", "--model", "none", "--repeats", "1", "--warmup", "0",
+                                 "--no-memory"])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "bench.json").read_text())
     assert [row["seq_len"] for row in data["attention"]] == [16, 32]
     assert (tmp_path / "bench.md").is_file() and (tmp_path / "bench.png").stat().st_size > 1000
-    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "opts"), "--methods", "luna(projections=4)",
-                                 "--seq-lens", "16", "--model", "none", "--repeats", "1", "--warmup", "0",
-                                 "--no-memory"])
+    result = runner.invoke(app, ["bench", "attention", "--out", str(tmp_path / "opts"), "--methods",
+                                 "luna(projections=4)", "--seq-lens", "16", "--model", "none", "--repeats", "1",
+                                 "--warmup", "0", "--no-memory"])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "opts" / "bench.json").read_text())
     assert data["config"]["methods"] == {"luna(projections=4)": {"method": "luna", "options": {"projections": 4}}}
-    result = runner.invoke(app, ["bench", "--out", str(tmp_path / "bad"), "--methods", "luna(bogus=1)",
+    result = runner.invoke(app, ["bench", "attention", "--out", str(tmp_path / "bad"), "--methods", "luna(bogus=1)",
                                  "--model", "none"])
     assert result.exit_code == 1 and "unknown option(s) 'bogus' for method 'luna'" in result.output

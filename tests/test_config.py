@@ -1,6 +1,7 @@
 """The one configuration system: recipe defaults, stage configs and CLI options from one place."""
 
 import dataclasses
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -104,10 +105,64 @@ def test_configs_check_their_types_in_one_line():
             bad.check("stage1.")
 
 
-def test_stage_config_takes_the_fields_of_a_section():
-    section = cfg.recipe_defaults()["stage1"]
-    config = cfg.stage_config(cfg.DistillConfig, {**section, "lr": 0.5}, seed=3)
-    assert (config.lr, config.seed, config.checkpoint_every) == (0.5, 3, 100)
+def test_a_stage_receives_its_section_typed_with_the_run_seed():
+    config = cfg.RunConfig(seed=3, stage1=cfg.Stage1Config(lr=0.5))
+    stage1 = config.stage("stage1", report_to="tensorboard")
+    assert isinstance(stage1, cfg.DistillConfig) and isinstance(stage1, cfg.TrainingConfig)
+    assert (stage1.lr, stage1.seed, stage1.checkpoint_every, stage1.report_to) == (0.5, 3, 100, "tensorboard")
+    assert isinstance(config.stage("teacher"), cfg.FinetuneConfig) and config.stage("stage2").seed == 3
+
+
+def test_the_two_stages_share_one_training_base():
+    shared = {f.name for f in dataclasses.fields(cfg.TrainingConfig)}
+    distill, finetune = ({f.name for f in dataclasses.fields(c)} for c in (cfg.DistillConfig, cfg.FinetuneConfig))
+    assert shared <= distill and shared <= finetune
+    assert distill & finetune == shared  # what both have is in the base, once
+    for name in shared:  # help written once, in the base
+        assert cfg.DistillConfig.help(name) == cfg.FinetuneConfig.help(name) == cfg.TrainingConfig.help(name)
+    assert (cfg.DistillConfig().lr, cfg.FinetuneConfig().lr) == (1e-3, 1e-5)
+
+
+def test_the_run_configuration_round_trips_through_its_recipe_dict():
+    from linearize.recipes import load_recipe
+
+    config = load_recipe(None, quick=True)
+    assert isinstance(config, cfg.RunConfig) and isinstance(config.stage1, cfg.Stage1Config) and config.quick_mode
+    recipe = config.to_recipe()
+    assert set(recipe) == set(cfg.recipe_defaults()) | {"quick_mode"}
+    assert cfg.RunConfig.from_recipe(json.loads(json.dumps(recipe))) == config
+    assert cfg.RunConfig.from_recipe({"seed": 4}) == cfg.RunConfig(seed=4)  # a missing key: its default
+    changed = config.with_overrides({"stage2": {"kd_weight": 0.5}, "seed": 2})
+    assert (changed.stage2.kd_weight, changed.seed, changed.stage1) == (0.5, 2, config.stage1)
+    with pytest.raises(LinearizeError, match="unknown recipe key 'stage2.kd'"):
+        config.with_overrides({"stage2": {"kd": 0.5}})
+    with pytest.raises(LinearizeError, match="unknown recipe key stage1.nope"):
+        cfg.RunConfig.from_recipe({"stage1": {"nope": 1}})
+
+
+def test_config_difference_names_the_first_setting_and_fills_method_defaults():
+    base = cfg.RunConfig(method="luna", options={})
+    assert cfg.config_difference(base, base) is None
+    assert cfg.config_difference(base, cfg.RunConfig(stage2=cfg.Stage2Config(kd_weight=0.5))) == \
+        "stage2.kd_weight: 0.0 -> 0.5"
+    assert cfg.config_difference(base, cfg.RunConfig(options={"shared_projections": True})) is None  # the default
+    assert cfg.config_difference(base, cfg.RunConfig(options={"shared_projections": False})) == \
+        "options.shared_projections: True -> False"
+    # a shared teacher only needs the teacher's settings to match
+    other_stage1 = cfg.RunConfig(stage1=cfg.Stage1Config(lr=1.0))
+    assert cfg.config_difference(base, other_stage1, cfg.TEACHER_KEYS) is None
+
+
+@pytest.mark.parametrize("command", [["distill"], ["finetune"], ["eval", "text"]])
+def test_data_options_of_the_cli_come_from_the_data_config(command):
+    from linearize.cli import TEXT_DATA_FIELDS
+
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    for name in TEXT_DATA_FIELDS:
+        assert f"--{name.replace('_', '-')} " in text, name
+        assert cfg.DataConfig.help(name).split(" (")[0][:40] in text, name
 
 
 @pytest.mark.parametrize("command,config_class,skip", [
@@ -121,25 +176,3 @@ def test_stage_options_of_the_cli_come_from_the_config_fields(command, config_cl
             continue
         assert f"--{item.name.replace('_', '-')} " in text, item.name
         assert item.metadata["help"].split(" (")[0][:40] in text, item.name
-
-
-def test_the_config_block_round_trips_and_old_blocks_still_read(tmp_path):
-    import json
-
-    import linearize
-    from linearize.convert.config_block import BLOCK_VERSION, decode_block, encode_block
-    from tiny_models import build
-
-    model = linearize.convert(build("bert"), "luna", projections=4)
-    block = model.config.linearize
-    stored = json.loads(json.dumps(encode_block(block)))  # through config.json
-    assert set(stored) == {"_type", "_version", "_data"} and stored["_version"] == BLOCK_VERSION
-    assert decode_block(stored) == block
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())["linearize"]  # what save_pretrained writes
-    assert set(saved) == {"_type", "_version", "_data"} and decode_block(saved) == block
-    assert decode_block(dict(block)) == block and decode_block(None) is None  # version 1: the unversioned block
-    with pytest.raises(ValueError, match="upgrade linearize"):
-        decode_block({**stored, "_version": BLOCK_VERSION + 1})
-    with pytest.raises(ValueError, match="not a LinearizeConfig"):
-        decode_block({**stored, "_type": "Other"})

@@ -10,8 +10,7 @@ import torch
 import transformers as T
 
 import linearize
-from linearize.convert.config_block import decode_block
-from linearize.convert import attention_modules, feature_maps_of
+from linearize.convert import ConversionRecord, attention_modules, conversion_record, feature_maps_of
 from linearize.errors import LinearizeError
 from tiny_models import VISION, WITHOUT_LINEARIZE, build, configs, first_output, heads, inputs
 
@@ -54,7 +53,7 @@ def test_every_method_converts_and_keeps_pretrained_weights(arch):
         assert all(".linearize_map." in key for key in new_keys)
         learnable = sum(p.numel() for fm in maps.values() for p in fm.parameters())
         assert sum(p.numel() for n, p in model.named_parameters() if ".linearize_map." in n) == learnable
-        assert model.config.linearize["parameters_added"] == learnable
+        assert conversion_record(model).parameters_added == learnable
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -118,7 +117,7 @@ def test_hybrid_layers_keep_the_others_softmax(tmp_path):
     model.save_pretrained(tmp_path)
     reloaded = linearize.load(tmp_path)
     assert list(feature_maps_of(reloaded)) == [1]
-    assert decode_block(json.loads((tmp_path / "config.json").read_text())["linearize"])["layers"] == [1]
+    assert ConversionRecord.from_config(json.loads((tmp_path / "config.json").read_text())).layers == (1,)
     torch.testing.assert_close(first_output(reloaded, batch), student.logits, atol=1e-5, rtol=1e-5)
 
 
@@ -131,10 +130,10 @@ def test_save_and_linearize_load_give_identical_outputs(arch, tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == f"linearize_{model.config.model_type}"
-    block = decode_block(config["linearize"])
-    assert block["method"] == "luna" and block["options"] == {"projections": 4}
-    assert block["layers"] == list(range(len(attention_modules(model))))
-    assert block["architecture"] == type(build(arch)).__name__
+    record = ConversionRecord.from_config(config)
+    assert record.method == "luna" and record.options == {"projections": 4}
+    assert list(record.layers) == list(range(len(attention_modules(model))))
+    assert record.architecture == type(build(arch)).__name__
     assert "AutoConfig" in config["auto_map"]
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "modeling_linearize.py").is_file()
     reloaded = linearize.load(tmp_path)

@@ -10,7 +10,7 @@ import torch
 import transformers as T
 
 import linearize
-from linearize.convert import feature_maps_of, is_converted
+from linearize.convert import conversion_record, feature_maps_of, is_converted
 
 SENTENCES = ["a gripping, beautifully acted film.", "the plot is thin and the jokes fall flat, sadly."]
 
@@ -43,8 +43,8 @@ def test_minilm_every_method(minilm):
         if method == "softmax":
             torch.testing.assert_close(out.logits, reference, atol=1e-5, rtol=1e-5)
         if method == "luna":
-            added = model.config.linearize["parameters_added"]
-            assert 0 < added < 0.01 * model.config.linearize["parameters_base"]  # well under 1%
+            record = conversion_record(model)
+            assert 0 < record.parameters_added < 0.01 * record.parameters_base  # well under 1%
         linearize.revert(model)
         with torch.no_grad():
             torch.testing.assert_close(model(**batch).logits, reference, atol=1e-5, rtol=1e-5)

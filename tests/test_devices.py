@@ -84,11 +84,11 @@ def test_both_stages_train_under_bf16_autocast_on_the_machines_device(tmp_path):
     maps_before = {name: p.detach().clone() for name, p in student.named_parameters() if "linearize_map" in name}
     result = distill(student, _loader(), DistillConfig(lr=1e-2, epochs=1, mixed_precision="bf16"),
                      checkpoint_dir=tmp_path / "s1", **quiet)
-    assert all(torch.isfinite(torch.tensor(e["ce"])) for e in result["history"])
+    assert all(torch.isfinite(torch.tensor(e["ce"])) for e in result.history)
     moved = [name for name, p in student.named_parameters() if name in maps_before
              and not torch.equal(p.detach().cpu(), maps_before[name])]
     assert maps_before and len(moved) == len(maps_before)
     result = finetune(student, _loader(), _loader(), "sst2", tmp_path / "s2",
                       config=FinetuneConfig(lr=1e-3, batch_size=4, epochs=1, patience=0, mixed_precision="bf16"), **quiet)
-    assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in result["history"])
-    assert result["steps"] == 4
+    assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in result.history)
+    assert result.steps == 4

@@ -117,11 +117,11 @@ def _loader(seq=40):
     return DataLoader(examples, batch_size=4, shuffle=False)
 
 
-def _distill(method, options, **config):
+def _distill(method, options, epochs=2, **config):
     model = build("bert", seed=0)
     torch.manual_seed(1)
     student = linearize.convert(model, method, **options)
-    result = distill(student, _loader(), DistillConfig(lr=1e-2, epochs=2, **config), progress=False,
+    result = distill(student, _loader(), DistillConfig(lr=1e-2, epochs=epochs, **config), progress=False,
                      log=lambda *a, **k: None)
     return result, student
 
@@ -130,23 +130,25 @@ def test_distill_logs_the_penalty_and_blockwise_equals_one_shot():
     """The penalty term is logged per step and per layer, and with it stage 1 block by block trains
     the same maps as in one shot (init_scale 0.5: some weights negative, the normalisers well away
     from zero, so float rounding stays small)."""
+    # one epoch (2 steps): by the 4th step at lr 1e-2 and λ = 10 some rows' normalisers near zero and
+    # the logged mass amplifies float rounding (measured: CE equal to 2e-7, the mass 1.75e-4 apart)
     setting = {"negative_weight_penalty": 10.0}
-    one_shot, a = _distill("flexformer-n", {"init_scale": 0.5}, block_size=0, **setting)
-    blockwise, b = _distill("flexformer-n", {"init_scale": 0.5}, block_size=16, **setting)
-    assert one_shot["config"]["negative_weight_penalty"] == 10.0
-    assert one_shot["per_layer_before"][0]["negative_weight_mass"] > 0
-    for x, y in zip(one_shot["history"], blockwise["history"]):
+    one_shot, a = _distill("flexformer-n", {"init_scale": 0.5}, epochs=1, block_size=0, **setting)
+    blockwise, b = _distill("flexformer-n", {"init_scale": 0.5}, epochs=1, block_size=16, **setting)
+    assert one_shot.extra["config"]["negative_weight_penalty"] == 10.0
+    assert one_shot.per_layer_before[0]["negative_weight_mass"] > 0
+    for x, y in zip(one_shot.history, blockwise.history):
         assert x["negative_weight_mass"] > 0
         for key in ("ce", "kl", "negative_weight_mass"):
             assert y[key] == pytest.approx(x[key], abs=1e-5)
     for (_, fm_a), (_, fm_b) in zip(feature_maps_of(a).items(), feature_maps_of(b).items()):
         for pa, pb in zip(fm_a.parameters(), fm_b.parameters()):
             torch.testing.assert_close(pb, pa, atol=1e-5, rtol=1e-4)
-    plain, c = _distill("flexformer-n", {"init_scale": 0.5}, block_size=0, negative_weight_penalty=0.0)
+    plain, c = _distill("flexformer-n", {"init_scale": 0.5}, epochs=1, block_size=0, negative_weight_penalty=0.0)
     moved = [not torch.equal(pa, pc) for (_, fa), (_, fc) in zip(feature_maps_of(a).items(), feature_maps_of(c).items())
              for pa, pc in zip(fa.parameters(), fc.parameters())]
     assert all(moved)  # the penalty changed the training
     hedgehog, _ = _distill("hedgehog", {}, max_steps=2)
-    assert hedgehog["config"]["negative_weight_penalty"] == DistillConfig().negative_weight_penalty > 0
-    assert all(entry["negative_weight_mass"] == 0.0 for entry in hedgehog["history"])
-    assert all(row["negative_weight_mass"] == 0.0 for row in hedgehog["per_layer_after"].values())
+    assert hedgehog.extra["config"]["negative_weight_penalty"] == DistillConfig().negative_weight_penalty > 0
+    assert all(entry["negative_weight_mass"] == 0.0 for entry in hedgehog.history)
+    assert all(row["negative_weight_mass"] == 0.0 for row in hedgehog.per_layer_after.values())

@@ -37,13 +37,13 @@ def test_two_process_distillation_equals_one_process_with_the_same_global_batch(
     model = job.student()
     result = distill(model, job.loader(2 * job.PER_PROCESS_BATCH), job.CONFIG, eval_batches=1, progress=False,
                          log=lambda *a, **k: None)
-    assert two["steps"] == result["steps"] == 2 * job.EXAMPLES // (2 * job.PER_PROCESS_BATCH)
+    assert two["steps"] == result.steps == 2 * job.EXAMPLES // (2 * job.PER_PROCESS_BATCH)
     # Equal to float tolerance, not bitwise: with 2 processes each computes the mean gradient of
     # its half batch and the all-reduce sums the two and halves them, where one process sums
     # all examples in one reduction (and its matmuls have another batch shape): the same
     # numbers added in another order, which differs in the last bits (float addition is not
     # associative). Measured here: at most ~1e-7.
-    assert two["ce"] == pytest.approx([entry["ce"] for entry in result["history"]], abs=1e-6)
+    assert two["ce"] == pytest.approx([entry["ce"] for entry in result.history], abs=1e-6)
     untrained = job.feature_map_weights(job.student())
     for name, weight in job.feature_map_weights(model).items():
         torch.testing.assert_close(two["weights"][name], weight, atol=1e-6, rtol=1e-5, msg=name)

@@ -142,7 +142,7 @@ def test_distill_under_two_processes_equals_one_process(workspace):
     assert a["steps"] == b["steps"] == 2 * EXAMPLES["train"] // 8
     assert [e["ce"] for e in b["history"]] == pytest.approx([e["ce"] for e in a["history"]], abs=1e-5)
     assert b["per_layer_after"]["0"]["kl"] < b["per_layer_before"]["0"]["kl"]
-    assert (two.with_name("distill-2.work") / "stage1_state.pt").is_file()
+    assert (two.with_name("distill-2.work") / "checkpoint.json").is_file()
     log = [json.loads(line) for line in (two.with_name("distill-2.work") / "metrics.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in log] == list(range(1, 7))  # one writer: every step once
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import linearize
 from linearize.cli import app
 from linearize.convert.api import convert_checkpoint, load_processor
-from linearize.embeddings import (Pooling, agreement, distillation_loss, embed, folder_pooling, mean_cosine, pool,
-                                  pooling_from_files, similarity_spearman, top_k_overlap)
+from linearize.embeddings import Pooling, distillation_loss, embed, folder_pooling, pool, pooling_from_files
+from linearize.metrics import agreement, mean_cosine, similarity_spearman, top_k_overlap
 from linearize.errors import LinearizeError
 
 st = pytest.importorskip("sentence_transformers", reason="pip install sentence-transformers (the test extra)")

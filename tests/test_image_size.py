@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import linearize
 from linearize.cli import app
 from linearize.convert.api import is_converted, load_processor
-from linearize.convert.config_block import decode_block
+from linearize.convert import ConversionRecord, conversion_record
 from linearize.convert.resolution import processor_at_size
 from linearize.errors import LinearizeError
 from tiny_models import WITHOUT_LINEARIZE, build, first_output
@@ -52,9 +52,9 @@ def test_softmax_conversion_at_a_larger_size_equals_the_original_interpolating(a
         want = original(**batch, interpolate_pos_encoding=True)[0]
     torch.testing.assert_close(first_output(model, batch), want, atol=1e-5, rtol=0)
     assert model.config.image_size == LARGE and original.config.image_size == SIZE
-    assert model.config.linearize["image_size"] == LARGE
-    assert model.config.linearize["parameters_base"] == sum(p.numel() for p in model.parameters()) - \
-        model.config.linearize["parameters_added"]
+    record = conversion_record(model)
+    assert record.image_size == LARGE
+    assert record.parameters_base == sum(p.numel() for p in model.parameters()) - record.parameters_added
     with pytest.raises(ValueError, match="doesn't match model"):  # the model's own size is S now
         model(**images(SIZE))
 
@@ -74,7 +74,7 @@ def test_dinov2_interpolates_at_any_size_so_only_the_size_is_recorded():
     model = linearize.convert(copy.deepcopy(original), "softmax", image_size=LARGE)
     assert torch.equal(embeddings_of(model).position_embeddings, embeddings_of(original).position_embeddings)
     assert model.config.image_size == SIZE  # the pretrained grid's size: it shapes the saved table
-    assert model.config.linearize["image_size"] == LARGE
+    assert conversion_record(model).image_size == LARGE
     batch = images(LARGE)
     torch.testing.assert_close(first_output(model, batch), first_output(original, batch), atol=1e-5, rtol=0)
 
@@ -101,7 +101,7 @@ def test_timm_conversion_resamples_as_dynamic_img_size_and_reloads_at_the_size(t
     linear.save_pretrained(tmp_path / "timm")
     config = json.loads((tmp_path / "timm" / "config.json").read_text())
     assert config["timm_kwargs"]["img_size"] == [LARGE, LARGE]
-    assert decode_block(config["linearize"])["image_size"] == LARGE
+    assert ConversionRecord.from_config(config).image_size == LARGE
     reloaded = linearize.load(tmp_path / "timm")
     with torch.no_grad():
         assert torch.equal(reloaded(batch), linear(batch))
@@ -191,7 +191,7 @@ def test_cli_converts_at_a_size_and_the_folder_reloads_there_with_and_without_li
         result = runner.invoke(app, ["convert", str(source), "--method", "hedgehog", "--image-size", str(LARGE),
                                      "--out", str(out)])
         assert result.exit_code == 0 and f"{LARGE}×{LARGE} pixels" in result.output, result.output
-        assert decode_block(json.loads((out / "config.json").read_text())["linearize"])["image_size"] == LARGE
+        assert ConversionRecord.from_config(json.loads((out / "config.json").read_text())).image_size == LARGE
         pixels = load_processor(out)(image, return_tensors="pt")["pixel_values"]
         assert pixels.shape == (1, 3, LARGE, LARGE)
         model = linearize.load(out)
@@ -225,24 +225,25 @@ def test_cli_bad_image_size_is_a_one_line_error(tmp_path):
 def test_a_recipe_image_size_runs_a_pretrained_teacher_and_its_processor_at_that_size(tmp_path):
     from linearize.data.spec import TaskSpec
     from linearize.pipeline import build_source_model, load_processor as recipe_processor
-    from linearize.recipes import DEFAULTS, merge
+    from linearize.config import RunConfig
 
     source = tmp_path / "deit"
     original = build("deit")
     original.save_pretrained(source)
     PROCESSORS["deit"]().save_pretrained(source)
     spec = TaskSpec(name="shapes", kind="image", num_labels=original.config.num_labels)
-    recipe = merge(DEFAULTS, {"model": str(source), "head": "image-classification", "task": "imagefolder",
-                              "data": {"image_size": LARGE}})
+    recipe = RunConfig.from_recipe({"model": str(source), "head": "image-classification", "task": "imagefolder",
+                                    "data": {"image_size": LARGE}}).validate()
     teacher, _ = build_source_model(recipe, spec)
     assert teacher.config.image_size == LARGE and not is_converted(teacher)
-    processor = recipe_processor(recipe, spec)
+    processor = recipe_processor(recipe.model, spec, recipe.data.image_size)
     assert processor.to_dict()["crop_size"] == SCALED["deit"][1]
     image = (torch.rand(50, 70, 3) * 255).to(torch.uint8).numpy()
     batch = {"pixel_values": processor(image, return_tensors="pt")["pixel_values"]}
     with torch.no_grad():
         want = original.eval()(**batch, interpolate_pos_encoding=True).logits
     torch.testing.assert_close(first_output(teacher.eval(), batch), want, atol=1e-5, rtol=0)
-    recipe["data"]["image_size"] = None  # unset: the checkpoint's own size and processor
+    recipe = recipe.with_overrides({"data": {"image_size": None}})  # unset: the checkpoint's own size and processor
     assert build_source_model(recipe, spec)[0].config.image_size == SIZE
-    assert recipe_processor(recipe, spec).to_dict()["crop_size"] == {"height": SIZE, "width": SIZE}
+    assert recipe_processor(recipe.model, spec, recipe.data.image_size).to_dict()["crop_size"] == {"height": SIZE,
+                                                                                                  "width": SIZE}

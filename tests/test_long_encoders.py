@@ -16,7 +16,7 @@ from linearize.attention import create_feature_map, kernel_matrix
 from linearize.attention.windowed import (band_mask, windowed_attention_weights, windowed_linear_attention,
                                           windowed_quadratic_attention, windowed_softmax_attention)
 from linearize.cli import app
-from linearize.convert import attention_modules
+from linearize.convert import attention_modules, conversion_record
 from linearize.convert.api import SUPPORTED, is_converted
 from linearize.convert.backends.hf_attention import linearize_attention_forward
 from linearize.convert.backends.hf_remote_code import auto_classes
@@ -106,7 +106,7 @@ def test_softmax_conversion_equals_the_original_and_a_method_changes_it(model_ty
     batch = batch_for(model_type, auto)
     reference = first_output(original, batch)
     softmax = linearize.convert(copy.deepcopy(original), "softmax", convert_sliding_window=True)
-    assert len(softmax.config.linearize["layers"]) == len(attention_modules(original))
+    assert len(conversion_record(softmax).layers) == len(attention_modules(original))
     torch.testing.assert_close(real_rows(model_type, batch, first_output(softmax, batch)),
                                real_rows(model_type, batch, reference), atol=1e-5, rtol=0)
     student = linearize.convert(copy.deepcopy(original), "hedgehog")
@@ -129,13 +129,13 @@ def test_converted_text_models_are_padding_invariant(model_type):
 
 def test_modernbert_converts_its_global_layers_by_default_and_sliding_ones_only_when_asked():
     model = linearize.convert(build("modernbert"), "hedgehog")
-    block = model.config.linearize
-    assert block["layers"] == [0] and block["sliding_window_layers"] == [1, 2]
+    record = conversion_record(model)
+    assert record.layers == (0,) and record.sliding_window_layers == (1, 2)
     assert [hasattr(m, "linearize_map") for _, m in attention_modules(model)] == [True, False, False]
     every = linearize.convert(build("modernbert"), "hedgehog", convert_sliding_window=True)
-    assert every.config.linearize["layers"] == [0, 1, 2]
-    assert linearize.convert(build("modernbert"), "hedgehog", layers=[1], convert_sliding_window=True
-                             ).config.linearize["layers"] == [1]
+    assert conversion_record(every).layers == (0, 1, 2)
+    assert conversion_record(linearize.convert(build("modernbert"), "hedgehog", layers=[1],
+                                               convert_sliding_window=True)).layers == (1,)
     model = build("modernbert")
     with pytest.raises(LinearizeError, match=r"^layers \[1\] attend through a sliding window: pass "
                                              r"convert_sliding_window=True \(--convert-sliding-window\)"):
@@ -239,7 +239,7 @@ def test_max_length_on_rotary_models_is_a_no_op_up_to_their_limit_and_an_error_b
     original = build("modernbert")
     limit = original.config.max_position_embeddings
     model = linearize.convert(copy.deepcopy(original), "softmax", max_length=limit)
-    assert model.config.max_position_embeddings == limit and model.config.linearize["max_length"] == limit
+    assert model.config.max_position_embeddings == limit and conversion_record(model).max_length == limit
     torch.testing.assert_close(first_output(model, batch_for("modernbert")),
                                first_output(original, batch_for("modernbert")), atol=1e-5, rtol=0)
     for max_length, position_init, message in [
@@ -267,7 +267,7 @@ def test_every_head_reloads_with_linearize_and_without_it(tmp_path):
         out = tmp_path / f"{index}-{model_type}-{auto}"
         model.save_pretrained(out)
         reloaded = linearize.load(out)
-        assert type(reloaded).__name__ == type(model).__name__ and reloaded.config.linearize == model.config.linearize
+        assert type(reloaded).__name__ == type(model).__name__ and conversion_record(reloaded) == conversion_record(model)
         torch.testing.assert_close(first_output(reloaded, batch), want, atol=1e-6, rtol=0)
         torch.save((batch, want), tmp_path / f"{index}.pt")
         jobs.append([str(out), auto, str(tmp_path / f"{index}.pt")])
@@ -285,7 +285,7 @@ def test_cli_converts_modernbert_with_and_without_its_sliding_window_layers(tmp_
         out = tmp_path / f"out{len(flag)}"
         result = runner.invoke(app, ["convert", str(source), "--method", "hedgehog", "--out", str(out), *flag])
         assert result.exit_code == 0, result.output
-        assert linearize.load(out).config.linearize["layers"] == layers
+        assert list(conversion_record(linearize.load(out)).layers) == layers
         info = runner.invoke(app, ["info", str(out)])
         assert ("[1, 2] stay windowed softmax" in info.output) == (not flag), info.output
     result = runner.invoke(app, ["convert", str(source), "--method", "hedgehog", "--out", str(tmp_path / "long"),

@@ -57,38 +57,38 @@ def tiny_recipe(tiny, max_length=48, **more):
 
 
 def test_positions_follow_data_max_length(tiny):
-    _, spec = load_task_data("moviereviews-long", data_file=tiny[1])
     source = T.AutoModelForSequenceClassification.from_pretrained(tiny[0] / "model")
-    longer = fit_positions(source, tiny_recipe(tiny, 48), spec)
+    longer = fit_positions(source, 48, "tile", "tiny")
     table = longer.bert.embeddings.position_embeddings.weight
     assert longer.config.max_position_embeddings == 48 and table.shape[0] == 48
     assert torch.equal(table[32:], table[:16])  # tiled
     same = T.AutoModelForSequenceClassification.from_pretrained(tiny[0] / "model")
-    assert fit_positions(same, tiny_recipe(tiny, 24), spec).config.max_position_embeddings == POSITIONS  # shorter: kept
+    assert fit_positions(same, 24, "tile", "tiny").config.max_position_embeddings == POSITIONS  # shorter: kept
     with pytest.raises(LinearizeError, match="unknown position_init 'stretch'; valid: tile, interpolate"):
-        fit_positions(same, tiny_recipe(tiny, 48, position_init="stretch"), spec)
+        fit_positions(same, 48, "stretch", "tiny")
+    with pytest.raises(LinearizeError, match="position_init must be tile | interpolate, got 'stretch'"):
+        tiny_recipe(tiny, 48, position_init="stretch")  # a recipe is refused when it is loaded
     tokenizer = T.AutoTokenizer.from_pretrained(tiny[0] / "model")
-    assert fit_tokenizer(tokenizer, tiny_recipe(tiny, 48)).model_max_length == 48
-    assert fit_tokenizer(tokenizer, tiny_recipe(tiny, 24)).model_max_length == 48  # never lowered
+    assert fit_tokenizer(tokenizer, 48).model_max_length == 48
+    assert fit_tokenizer(tokenizer, 24).model_max_length == 48  # never lowered
 
 
 def test_rotary_model_longer_than_its_positions_is_one_line_error(tiny):
-    _, spec = load_task_data("moviereviews-long", data_file=tiny[1])
     config = T.ModernBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                 intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
     model = T.ModernBertForSequenceClassification(config)
-    assert fit_positions(model, tiny_recipe(tiny, 64), spec) is model
+    assert fit_positions(model, 64, "tile", "tiny") is model
     with pytest.raises(LinearizeError, match="data.max_length 65 is longer than the 64 positions .* or less"):
-        fit_positions(model, tiny_recipe(tiny, 65), spec)
+        fit_positions(model, 65, "tile", "tiny")
 
 
 def test_the_recipe_resolves_with_its_quick_block():
     recipe = load_recipe("minilm-longreviews")
-    assert (recipe["task"], recipe["method"], recipe["data"]["max_length"]) == ("moviereviews-long", "hedgehog", 2048)
-    assert recipe["position_init"] == "tile" and recipe["stage1"]["block_size"] == 512
+    assert (recipe.task, recipe.method, recipe.data.max_length) == ("moviereviews-long", "hedgehog", 2048)
+    assert recipe.position_init == "tile" and recipe.stage1.block_size == 512
     quick = load_recipe("minilm-longreviews", quick=True)
-    assert quick["data"]["max_length"] > 512 and quick["data"]["max_train_examples"] <= 16  # still extends positions
+    assert quick.data.max_length > 512 and quick.data.max_train_examples <= 16  # still extends positions
 
 
 def load_measure():
@@ -136,12 +136,11 @@ def test_measure_tiny_mode_writes_the_table_and_reuses_finished_seeds(tiny, tmp_
 def test_a_shared_teacher_matches_position_init_and_old_folders_still_share(tiny, tmp_path):
     from linearize.pipeline import run_teacher
     from linearize.pipeline.stages import share_teacher, start_run
-    from linearize.recipes import merge
 
     quiet = {"progress": False, "log": lambda *a, **k: None}
     recipe = tiny_recipe(tiny, 24)
-    result = run_teacher(recipe, tmp_path / "old", **quiet)
-    assert set(result["scores"]) == {"validation", "test"} and result["report_split"] == "test"
+    result, report_split = run_teacher(recipe, tmp_path / "old", **quiet)
+    assert set(result.scores) == {"validation", "test"} and report_split == "test"
     state_path = tmp_path / "old" / "state.json"
     state = json.loads(state_path.read_text())
     del state["recipe"]["position_init"]  # a folder written before the key existed: its default
@@ -149,6 +148,7 @@ def test_a_shared_teacher_matches_position_init_and_old_folders_still_share(tiny
     ctx = start_run(recipe, tmp_path / "new", overwrite=False, **quiet)
     share_teacher(ctx, tmp_path / "old")
     assert ctx.state.done("teacher")
-    other = start_run(merge(recipe, {"position_init": "interpolate"}), tmp_path / "other", overwrite=False, **quiet)
+    other = start_run(recipe.with_overrides({"position_init": "interpolate"}), tmp_path / "other", overwrite=False,
+                      **quiet)
     with pytest.raises(LinearizeError, match="position_init: 'tile' -> 'interpolate'"):
         share_teacher(other, tmp_path / "old")

@@ -40,7 +40,7 @@ def test_crossover_point_on_synthetic_ratios():
 
 
 def test_long_targets_pass_miss_and_unmeasured():
-    from linearize.model_bench import LONG_TARGETS, _target_line, long_targets
+    from linearize.bench import LONG_TARGETS, long_targets, target_line
 
     assert LONG_TARGETS == {2048: 1.5, 4096: 2.5, 8192: 4.0}
     rows = [{"seq_len": 2048, "results": {"softmax": {"median_ms": 30.0}, "hh": {"median_ms": 10.0}}},
@@ -50,13 +50,13 @@ def test_long_targets_pass_miss_and_unmeasured():
     assert targets["2048"] == {"min_speedup": 1.5, "speedup": 3.0, "met": True}
     assert targets["4096"] == {"min_speedup": 2.5, "speedup": 2.0, "met": False}
     assert targets["8192"]["met"] is None
-    assert "**pass**" in _target_line("hh", "2048", targets["2048"])
-    assert "**miss by 0.50×**" in _target_line("hh", "4096", targets["4096"])
-    assert "not measured" in _target_line("hh", "8192", targets["8192"])
+    assert "**pass**" in target_line("hh", "2048", targets["2048"])
+    assert "**miss by 0.50×**" in target_line("hh", "4096", targets["4096"])
+    assert "not measured" in target_line("hh", "8192", targets["8192"])
 
 
 def test_long_bench_extends_positions_records_refusals_and_skips(tmp_path):
-    from linearize.model_bench import RECIPE_LUNA, default_long_methods, run_long_bench
+    from linearize.bench import RECIPE_LUNA, default_long_methods, run_long_bench
 
     methods = default_long_methods()
     assert methods[RECIPE_LUNA] == ("luna", {"shared_projections": False, "projections": 16})
@@ -106,7 +106,7 @@ def test_the_memory_cap_skips_every_model_that_keeps_a_softmax_layer():
     import copy
 
     import linearize
-    from linearize.model_bench import measure_lengths
+    from linearize.bench import measure_lengths
 
     bert = tiny_bert(positions=64)
     models = {"softmax": bert, "t2r layer 0": linearize.convert(copy.deepcopy(bert), "t2r", layers=[0]),
@@ -118,7 +118,7 @@ def test_the_memory_cap_skips_every_model_that_keeps_a_softmax_layer():
 
 
 def test_softmax_memory_estimate_follows_the_attention_implementation():
-    from linearize.model_bench import softmax_bytes
+    from linearize.bench import softmax_bytes
 
     bert = tiny_bert()
     assert softmax_bytes(bert, 2, 100) == (2 * 100 * 100 * 4, "SDPA's N×N attention mask")
@@ -128,12 +128,12 @@ def test_softmax_memory_estimate_follows_the_attention_implementation():
 
 def test_converted_folder_crossover_in_info_and_card(tmp_path):
     import linearize
-    from linearize.model_bench import FOLDER_BENCH_JSON, read_folder_bench
+    from linearize.bench import FOLDER_BENCH_JSON, read_folder_bench
     from linearize.report.card import build_card
 
     folder = tmp_path / "tiny-hedgehog"
     linearize.convert(tiny_bert(positions=64), "hedgehog").save_pretrained(folder)
-    result = runner.invoke(app, ["bench", "--model", str(folder), "--model-seq-lens", "16,32,128", "--repeats",
+    result = runner.invoke(app, ["bench", "folder", str(folder), "--seq-lens", "16,32,128", "--repeats",
                                  "1", "--warmup", "0", "--threads", "1"])
     assert result.exit_code == 0, result.output
     record = json.loads((folder / FOLDER_BENCH_JSON).read_text())
@@ -157,9 +157,10 @@ def test_converted_folder_crossover_in_info_and_card(tmp_path):
 
     plan = push.plan(folder, "me/tiny-hedgehog", no_report=True)  # builds the card, uploads nothing
     assert plan.files[FOLDER_BENCH_JSON] == folder / FOLDER_BENCH_JSON and "## Speed" in plan.card
-    result = runner.invoke(app, ["bench", "--model", str(folder), "--methods", "t2r"])
-    assert result.exit_code == 1 and "does not apply to a converted folder" in result.output
-    result = runner.invoke(app, ["bench", "--model", str(folder), "--model-seq-lens", "128"])
+    result = runner.invoke(app, ["bench", "attention", "--model", str(folder), "--methods", "t2r"])
+    assert result.exit_code == 1 and f"measure its crossover with `linearize bench folder {folder}`" in " ".join(
+        result.output.split())
+    result = runner.invoke(app, ["bench", "folder", str(folder), "--seq-lens", "128"])
     assert result.exit_code == 1 and "longer than the model's 64 positions" in result.output
 
 
@@ -175,7 +176,7 @@ def test_info_without_a_measurement_says_how_to_get_one(tmp_path):
 def test_long_bench_command(tmp_path):
     folder = tmp_path / "tiny-bert"
     tiny_bert(positions=64).save_pretrained(folder)
-    result = runner.invoke(app, ["bench", "--long", "--geometries", str(folder), "--methods", "t2r", "--seq-lens",
+    result = runner.invoke(app, ["bench", "long", "--geometries", str(folder), "--methods", "t2r", "--seq-lens",
                                  "32,128", "--out", str(tmp_path / "out"), "--repeats", "1", "--warmup", "0",
                                  "--no-memory", "--threads", "1"])
     assert result.exit_code == 0, result.output
@@ -184,13 +185,13 @@ def test_long_bench_command(tmp_path):
     assert entry["info"]["positions"]["extended_to"] == 128 and [r["seq_len"] for r in entry["rows"]] == [32, 128]
     assert set(entry["rows"][1]["results"]) == {entry["info"]["softmax_label"], "t2r"}
     assert data["targets"]["labels"] == []
-    result = runner.invoke(app, ["bench", "--long", "--geometries", str(folder), "--seq-lens", "0,64",
+    result = runner.invoke(app, ["bench", "long", "--geometries", str(folder), "--seq-lens", "0,64",
                                  "--out", str(tmp_path / "bad")])
-    assert result.exit_code == 1 and "lengths must be positive" in result.output
+    assert result.exit_code == 2 and "give positive integers" in result.output  # a bad option value, as typer
 
 
 def test_long_bench_converts_sliding_window_layers_only_when_asked(tmp_path):
-    from linearize.model_bench import run_long_bench
+    from linearize.bench import run_long_bench
 
     torch.manual_seed(0)
     config = T.ModernBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -208,5 +209,6 @@ def test_long_bench_converts_sliding_window_layers_only_when_asked(tmp_path):
         assert entry["info"]["converted_layers"] == {"t2r": layers}
         assert entry["info"]["keeps_softmax_layers"] == ([] if convert_sliding_window else ["t2r"])
         assert ("Sliding-window layers converted too" in (out / "bench-long.md").read_text()) is convert_sliding_window
-    result = runner.invoke(app, ["bench", "--convert-sliding-window", "--model", "none", "--out", str(tmp_path / "x")])
-    assert result.exit_code == 1 and "add --long" in result.output
+    result = runner.invoke(app, ["bench", "attention", "--convert-sliding-window", "--model", "none", "--out",
+                                 str(tmp_path / "x")])
+    assert result.exit_code == 2 and "No such option" in result.output  # whole models at long lengths only

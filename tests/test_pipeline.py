@@ -1,6 +1,7 @@
 """The pipeline (`linearize run`) and the single-stage commands on a tiny BERT and small files."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -48,7 +49,7 @@ def workspace(tmp_path_factory, minilm_path):
 def test_run_writes_report_model_and_resumes(workspace):
     recipe = load_recipe(str(workspace / "tiny.yaml"))
     out = workspace / "run"
-    report = run(recipe, out, progress=False, log=lambda *a, **k: None)
+    report = run(recipe, out, progress=False, log=lambda *a, **k: None).to_json()
     assert report["schema_version"] == 1 and report["model"]["method"] == "hedgehog"
     assert report["task"]["selection_split"] == "validation" and report["task"]["report_split"] == "test"
     teacher, student = report["scores"]["teacher"]["test"], report["scores"]["student"]["test"]
@@ -70,14 +71,13 @@ def test_run_writes_report_model_and_resumes(workspace):
         "stage1/metrics.jsonl", "stage2/metrics.jsonl", "teacher/metrics.jsonl"]
     # the saved student scores what the report says
     model = linearize.load(out / "model")
-    data, spec = load_data(recipe)
-    from linearize.finetune import evaluate
-    from linearize.pipeline import load_processor, make_loaders
+    from linearize.evaluation import evaluate
+    from linearize.pipeline import TaskData
 
-    loaders = make_loaders(recipe, data, spec, load_processor(recipe, spec), 8, 0)
-    assert evaluate(model, loaders["test"], spec)["accuracy"] == pytest.approx(student["accuracy"])
+    task = TaskData.load(recipe)
+    assert evaluate(model, task.loaders(8, 0)["test"], task.spec)["accuracy"] == pytest.approx(student["accuracy"])
     # a second run resumes: every stage is reused, the scores are identical
-    again = run(recipe, out, progress=False, log=lambda *a, **k: None)
+    again = run(recipe, out, progress=False, log=lambda *a, **k: None).to_json()
     assert again["scores"] == report["scores"]
     assert again["latency"] == report["latency"]  # measured once, by the run that made the model
     stages = sum(again["timing"][f"{stage}_seconds"] for stage in ("teacher", "stage1", "stage2"))
@@ -89,7 +89,8 @@ def test_run_writes_report_model_and_resumes(workspace):
 
 
 def test_selection_and_reported_splits_are_disjoint(workspace):
-    data, _ = load_data(load_recipe(str(workspace / "tiny.yaml")))
+    recipe = load_recipe(str(workspace / "tiny.yaml"))
+    data, _ = load_data(recipe.task, recipe.data)
     assert not set(data["validation"]["text"]) & set(data["test"]["text"])
     assert not set(data["train"]["text"]) & set(data["test"]["text"])
 
@@ -125,9 +126,9 @@ def test_recipes_resolve_and_reject_unknown_keys():
             "vit-fashionmnist"} <= set(list_recipes())
     for name in list_recipes():
         recipe = load_recipe(name, quick=True)
-        assert recipe["model"] and recipe["task"]
+        assert recipe.model and recipe.task
     bert = load_recipe("bert-base-glue")
-    assert (bert["stage2"]["lr"], bert["stage2"]["batch_size"], bert["stage2"]["patience"]) == (1e-5, 8, 3)
+    assert (bert.stage2.lr, bert.stage2.batch_size, bert.stage2.patience) == (1e-5, 8, 3)
     with pytest.raises(linearize.errors.LinearizeError, match="unknown recipe key 'stage1.learning_rate'"):
         load_recipe(overrides={"stage1": {"learning_rate": 1}})
     with pytest.raises(linearize.errors.LinearizeError, match="did you mean 'stage1.epochs'"):
@@ -188,7 +189,7 @@ def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     assert [row["row"] for row in partial["rows"]] == [row["row"] for row in table["rows"]]  # elu never ran ...
     assert partial["missing"] == ["seed 0: elu (plain)", "seed 0: elu (stage 1 x2)"]  # ... and is listed
     assert not list(out.glob("seed0/elu*")) and "Not finished, left out" in (out / "compare.md").read_text()
-    other_seed = dict(recipe, seed=1)
+    other_seed = dataclasses.replace(recipe, seed=1)
     with pytest.raises(LinearizeError, match=r"another recipe \(seed: 0 -> 1\)"):
         run(other_seed, workspace / "wrong-teacher", teacher_from=first / "seed0" / "t2r", progress=False,
             log=lambda *a, **k: None)
@@ -201,18 +202,19 @@ def test_options_keyed_by_method_reach_only_that_method(tmp_path):
     """One recipe serves every method of a compare: ``options.luna`` is LUNA's, a plain key is
     everyone's and wins; ``--set`` merges into the recipe's options instead of replacing them."""
     from linearize.errors import LinearizeError
-    from linearize.recipes import options_for, parse_set
+    from linearize.attention.feature_maps import options_for
+    from linearize.recipes import parse_set
 
     recipe = load_recipe(None, overrides={"options": {"luna": {"projections": 16, "channels": 4}}})
     # merged into the default recipe's own LUNA block (per-head projections)
-    assert options_for("luna", recipe["options"]) == {"shared_projections": False, "projections": 16, "channels": 4}
-    assert options_for("hedgehog", recipe["options"]) == {}
+    assert options_for("luna", recipe.options) == {"shared_projections": False, "projections": 16, "channels": 4}
+    assert options_for("hedgehog", recipe.options) == {}
     (tmp_path / "r.yaml").write_text("model: minilm\ntask: moviereviews\noptions: {luna: {projections: 16, channels: 4}}\n")
     more = load_recipe(str(tmp_path / "r.yaml"), overrides=parse_set(["options.luna.channels=2"]))
-    assert more["options"] == {"luna": {"projections": 16, "channels": 2}}
-    everyone = dict(recipe["options"], feature_dim=16)
+    assert more.options == {"luna": {"projections": 16, "channels": 2}}
+    everyone = dict(recipe.options, feature_dim=16)
     assert options_for("hedgehog", everyone) == {"feature_dim": 16}
-    assert options_for("luna", dict(recipe["options"], projections=4))["projections"] == 4
+    assert options_for("luna", dict(recipe.options, projections=4))["projections"] == 4
     with pytest.raises(LinearizeError, match="options.luna.projections=16"):
         options_for("luna", {"luna": 16})
 
@@ -233,31 +235,28 @@ def test_option_values_are_typed_like_set_values():
         "eps": 0.01, "projections": 16, "shared_projections": False, "init": "identity"}
 
 
-def test_a_run_folder_from_before_a_new_recipe_key_still_resumes():
+def test_a_run_folder_from_before_a_new_recipe_key_still_resumes(tmp_path):
     """A key added to the recipes since a run was written counts as its default; a real change
-    is named."""
-    from linearize.pipeline import recipe_difference
+    is named (the run folder's state.json read back as a RunConfig)."""
+    from linearize.pipeline import RunState
 
     current = load_recipe(None)
-    saved = json.loads(json.dumps(current))
+    saved = json.loads(json.dumps(current.to_recipe()))
     del saved["stage2"]["kd_weight"]
-    assert recipe_difference(saved, json.loads(json.dumps(current))) is None
+    (tmp_path / "state.json").write_text(json.dumps({"recipe": saved, "stages": {}}))
+    assert RunState(tmp_path, current).config == current
     changed = load_recipe(None, overrides={"stage2": {"kd_weight": 0.5}})
-    assert recipe_difference(saved, json.loads(json.dumps(changed))) == "stage2.kd_weight: 0.0 -> 0.5"
-    # a run records its method's options: one at the method's default is the same as one left out
-    saved.update(method="luna", options={})
-    shared = dict(current, method="luna", options={"shared_projections": True})
-    assert recipe_difference(saved, json.loads(json.dumps(shared))) is None
-    per_head = dict(shared, options={"shared_projections": False})
-    assert recipe_difference(saved, json.loads(json.dumps(per_head))) == "options.shared_projections: True -> False"
+    (tmp_path / "state.json").write_text(json.dumps({"recipe": saved, "stages": {}}))
+    with pytest.raises(linearize.errors.LinearizeError, match=r"stage2.kd_weight: 0.0 -> 0.5"):
+        RunState(tmp_path, changed)
 
 
 @pytest.mark.slow
 def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
     """`linearize run --quick`: the README's smoke version, on the real MiniLM and movie reviews; the
     report's student score is what the saved model scores on the same (quick) test split."""
-    from linearize.finetune import evaluate
-    from linearize.pipeline import load_processor, make_loaders
+    from linearize.evaluation import evaluate
+    from linearize.pipeline import TaskData
 
     out = tmp_path / "quick"
     result = runner.invoke(app, ["run", "--quick", "--out", str(out)])
@@ -266,10 +265,8 @@ def test_quick_run_of_the_real_default_recipe(tmp_path, minilm_path):
     report = json.loads((out / "report.json").read_text())
     assert report["recipe"]["name"] == "minilm-moviereviews" and report["recipe"]["quick_mode"]
     assert report["model"]["method"] == "luna" and report["model"]["num_attention_layers"] == 6
-    recipe = load_recipe(None, quick=True)
-    data, spec = load_data(recipe)
-    loaders = make_loaders(recipe, data, spec, load_processor(recipe, spec), 32, 0)
-    again = evaluate(linearize.load(out / "model"), loaders["test"], spec)
+    task = TaskData.load(load_recipe(None, quick=True))
+    again = evaluate(linearize.load(out / "model"), task.loaders(32, 0)["test"], task.spec)
     assert again["accuracy"] == pytest.approx(report["scores"]["student"]["test"]["accuracy"])
     figures = list((out / "figures").glob("*.png"))
     assert len(figures) >= 3 and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 1000
@@ -300,7 +297,7 @@ def test_teacher_attention_dropout_reaches_the_source_models_attention(workspace
 
     def attention_dropouts(dropout):
         recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"teacher": {"attention_dropout": dropout}})
-        model, _ = build_source_model(recipe, load_data(recipe)[1])
+        model, _ = build_source_model(recipe, load_data(recipe.task, recipe.data)[1])
         probabilities = {m.dropout.p for m in model.modules() if type(m).__name__ == "BertSelfAttention"}
         return model.config.attention_probs_dropout_prob, probabilities
 
@@ -308,7 +305,7 @@ def test_teacher_attention_dropout_reaches_the_source_models_attention(workspace
     assert own > 0 and attention_dropouts(None) == (own, {own})
     assert attention_dropouts(0.0) == (0.0, {0.0})
     with pytest.raises(LinearizeError, match="no attention dropout setting"):
-        attention_dropout_kwargs({"teacher": {"attention_dropout": 0.0}}, transformers.PretrainedConfig())
+        attention_dropout_kwargs(0.0, transformers.PretrainedConfig())
 
 
 def test_long_cpu_teacher_with_attention_dropout_is_warned_about(workspace):
@@ -317,7 +314,7 @@ def test_long_cpu_teacher_with_attention_dropout_is_warned_about(workspace):
     from linearize.pipeline.inputs import LONG_DROPOUT_LENGTH, attention_dropout_warning, build_source_model
 
     recipe = load_recipe(str(workspace / "tiny.yaml"))
-    model, _ = build_source_model(recipe, load_data(recipe)[1])
+    model, _ = build_source_model(recipe, load_data(recipe.task, recipe.data)[1])
     dropout = model.config.attention_probs_dropout_prob
     assert dropout > 0
     warning = attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_device=False)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import linearize
 from linearize.cli import app
 from linearize.convert.api import is_converted
-from linearize.convert.config_block import decode_block
+from linearize.convert import ConversionRecord, conversion_record
 from linearize.convert import positions
 from linearize.convert.positions import (INTERPOLATION_MAX_FACTOR, interpolate_positions, max_positions,
                                          position_table, tile_positions)
@@ -57,9 +57,9 @@ def test_tiled_softmax_conversion_gives_the_original_output_up_to_the_original_l
         batch = inputs(arch, seq=seq)
         torch.testing.assert_close(first_output(model, batch), first_output(original, batch), atol=1e-5, rtol=0)
     assert first_output(model, inputs(arch, seq=LONG)).isfinite().all()
-    block = model.config.linearize
-    assert (block["max_length"], block["position_init"]) == (LONG, "tile")
-    assert block["parameters_base"] == sum(p.numel() for p in original.parameters()) + (LONG - limit) * grown.shape[1]
+    record = conversion_record(model)
+    assert (record.max_length, record.position_init) == (LONG, "tile")
+    assert record.parameters_base == sum(p.numel() for p in original.parameters()) + (LONG - limit) * grown.shape[1]
 
 
 @pytest.mark.parametrize("arch", ["bert", "roberta"])
@@ -81,7 +81,7 @@ def test_interpolation_keeps_the_endpoints_and_is_monotone_between_rows(arch):
     assert (new >= low - 1e-6).all() and (new <= high + 1e-6).all()  # between its two neighbours
     # and moves monotonically from one to the other: the distance to the lower row grows with t
     torch.testing.assert_close(new, (1 - t) * old[below] + t * old[below + 1], atol=1e-5, rtol=0)
-    assert model.config.linearize["position_init"] == "interpolate"
+    assert conversion_record(model).position_init == "interpolate"
 
 
 def test_tile_and_interpolate_on_a_table():
@@ -164,7 +164,7 @@ def test_saved_extended_models_run_long_inputs_after_reload_with_and_without_lin
         jobs.append([str(out), str(tmp_path / f"{arch}.pt")])
         expected[str(out)] = model.config.max_position_embeddings
         reloaded = linearize.load(out)
-        assert max_positions(reloaded) == LONG and reloaded.config.linearize["max_length"] == LONG
+        assert max_positions(reloaded) == LONG and conversion_record(reloaded).max_length == LONG
         torch.testing.assert_close(first_output(reloaded, batch), want, atol=1e-5, rtol=0)
     done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, json.dumps(jobs)], capture_output=True, text=True,
                           timeout=600)
@@ -209,8 +209,8 @@ def test_cli_extends_positions_and_the_tokenizer_follows(tiny_roberta, tmp_path)
     assert f"{LONG} tokens (interpolate)" in text
     config = json.loads((out / "config.json").read_text())
     assert config["max_position_embeddings"] == LONG + 2  # RoBERTa: positions start at padding_idx + 1
-    block = decode_block(config["linearize"])
-    assert (block["max_length"], block["position_init"], block["method"]) == (LONG, "interpolate", "softmax")
+    record = ConversionRecord.from_config(config)
+    assert (record.max_length, record.position_init, record.method) == (LONG, "interpolate", "softmax")
     assert T.AutoTokenizer.from_pretrained(out).model_max_length == LONG
     code, text = invoke("info", out)
     assert code == 0 and f"{LONG} tokens (interpolate)" in text

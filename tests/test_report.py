@@ -216,7 +216,7 @@ def test_load_report_rejects_bad_inputs(tmp_path):
             load_report(path)
         assert "\n" not in str(error.value)
     path.write_text(json.dumps(full_report()))
-    assert load_report(tmp_path)["task"]["name"] == "moviereviews"
+    assert load_report(tmp_path).task.name == "moviereviews"
 
 
 def test_cli_rerenders_from_report_json(tmp_path):
@@ -290,7 +290,7 @@ def test_recovery_is_derived_from_the_scores_once():
     assert report.to_json()["recovery"]["average"] == pytest.approx(100 * student / teacher)
     assert recovery({"f1": 0.8, "accuracy": 0.0}, {"f1": 0.4, "accuracy": 0.5}) == ({"f1": 50.0}, 50.0)
     assert recovery({"accuracy": 0.9}, {}) == ({}, None)
-    assert report["task"]["name"] == "moviereviews"  # the JSON view, for code that indexes the report
+    assert report.task.name == "moviereviews" and not hasattr(report, "__getitem__")  # typed, no dict view
 
 
 def test_earlier_visual_layouts_are_normalised_when_read():
@@ -311,9 +311,10 @@ def test_earlier_visual_layouts_are_normalised_when_read():
 
 def test_stage_result_keeps_what_the_stage_returned():
     returned = {"skipped": False, "method": "luna", "steps": 12, "seconds": 3.5, "history": [{"step": 1, "kl": 0.5}],
-                "per_layer_before": {0: {"kl": 1.0}}, "per_layer_after": {0: {"kl": 0.5}}}
+                "per_layer_before": {0: {"kl": 1.0}}, "per_layer_after": {0: {"kl": 0.5}}, "config": {"lr": 0.1}}
     result = StageResult.from_dict(returned)
-    assert (result.seconds, result.skipped, result.extra) == (3.5, False, {"method": "luna", "steps": 12})
+    assert (result.seconds, result.skipped, result.method, result.steps) == (3.5, False, "luna", 12)
+    assert result.extra == {"config": {"lr": 0.1}} and result.to_dict() == {**returned, "scores": {}}  # round-trips
     scored = result.with_scores({"test": {"accuracy": 0.9}})
     assert StageResult.from_dict(scored.to_dict()) == scored
     assert StageResult.from_dict({"skipped": True, "seconds": None}).seconds == 0.0

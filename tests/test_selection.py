@@ -69,8 +69,8 @@ def test_the_stage1_model_is_kept_when_no_epoch_beats_it(tmp_path, monkeypatch):
     given = _state(model)
     result = finetune(model, _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
                       config=FinetuneConfig(lr=1e-3, epochs=2, patience=0), **QUIET)
-    assert (result["best_epoch"], result["initial_metric"], result["best_metric"]) == (0, 0.7, 0.7)
-    assert len(calls) == 4 and len(result["history"]) == 2  # epoch 0, the two epochs, the final check
+    assert (result.best_epoch, result.initial_metric, result.best_metric) == (0, 0.7, 0.7)
+    assert len(calls) == 4 and len(result.history) == 2  # epoch 0, the two epochs, the final check
     _assert_equal_states(_state(model), given)
 
 
@@ -86,7 +86,7 @@ def test_a_stage2_epoch_that_beats_it_is_kept_and_trains_as_without_it(tmp_path,
     given = _state(model)
     result = finetune(model, _loader(), _loader(False), "sst2", tmp_path / "b", config=config,
                       initial_candidate=True, **QUIET)
-    assert (result["best_epoch"], result["initial_metric"]) == (1, 0.5)
+    assert (result.best_epoch, result.initial_metric) == (1, 0.5)
     _assert_equal_states(_state(model), _state(reference))
     assert any(not torch.equal(v, given[k]) for k, v in _state(model).items())  # it trained
 
@@ -97,7 +97,7 @@ def test_given_dev_metrics_are_reused_not_measured_again(tmp_path, monkeypatch):
                       initial_metrics={"accuracy": 0.95, "f1": 0.1}, config=FinetuneConfig(lr=1e-3, epochs=1),
                       **QUIET)
     assert len(calls) == 2  # the epoch and the final check: none for epoch 0
-    assert (result["best_epoch"], result["initial_metric"]) == (0, 0.95)
+    assert (result.best_epoch, result.initial_metric) == (0, 0.95)
 
 
 def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
@@ -115,8 +115,8 @@ def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         finetune(model, _loader(), _loader(False), "sst2", tmp_path, config=config, initial_candidate=True,
                  progress=False, log=crash_after_epoch_1)
-    saved = json.loads((tmp_path / "progress.json").read_text())
-    assert (saved["epoch"], saved["best_epoch"], saved["initial_metric"]) == (1, 0, 0.9)
+    saved = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert (saved["epoch"], saved["extra"]["best_epoch"], saved["extra"]["initial_metric"]) == (1, 0, 0.9)
     calls = _scripted(monkeypatch, [0.6, 0.7, 0.7])
     other = _student()
     with torch.no_grad():
@@ -124,8 +124,8 @@ def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
             p.add_(1.0)  # whatever the resumed process holds, the checkpoint decides
     result = finetune(other, _loader(), _loader(False), "sst2", tmp_path, config=config, initial_candidate=True,
                       **QUIET)
-    assert result["resumed"] and result["epochs_run"] == 3 and len(calls) == 3  # epochs 2, 3, the final check
-    assert (result["best_epoch"], result["initial_metric"], result["best_metric"]) == (0, 0.9, 0.9)
+    assert result.extra["resumed"] and result.extra["epochs_run"] == 3 and len(calls) == 3  # epochs 2, 3, the final check
+    assert (result.best_epoch, result.initial_metric, result.best_metric) == (0, 0.9, 0.9)
     _assert_equal_states(_state(other), given)
 
 
@@ -136,23 +136,23 @@ def _weights(folder):
 def test_linearize_finetune_of_a_stage1_output_can_keep_it(workspace, tmp_path, monkeypatch):  # noqa: F811
     """`linearize finetune` of a `linearize distill` folder: the stage-1 model competes, and when
     stage 2 does not beat it the saved model is the stage-1 model; a softmax checkpoint does not compete."""
-    from linearize.config import DistillConfig
+    from linearize.config import Stage1Config
     from linearize.pipeline import distill_model, finetune_model
     from linearize.pipeline.single_stage import is_stage1_output
 
     data = {"train_file": str(workspace / "train.csv"), "validation_file": str(workspace / "dev.csv"),
             "test_file": str(workspace / "test.csv"), "max_length": 16}
-    distill_model(str(workspace / "tiny"), "files", tmp_path / "s1", method="hedgehog", batch_size=8, data=data,
-                  config=DistillConfig(lr=1e-2, epochs=1), **QUIET)
+    distill_model(str(workspace / "tiny"), "files", tmp_path / "s1", method="hedgehog", data=data,
+                  config=Stage1Config(lr=1e-2, epochs=1, batch_size=8), **QUIET)
     assert is_stage1_output(tmp_path / "s1") and not is_stage1_output(workspace / "tiny")
     _scripted(monkeypatch, [0.9, 0.5])
     config = FinetuneConfig(lr=1e-3, batch_size=8, epochs=1)
     result = finetune_model(str(tmp_path / "s1"), "files", tmp_path / "s2", config=config, data=data, **QUIET)
-    assert (result["best_epoch"], result["initial_metric"]) == (0, 0.9)
+    assert (result.best_epoch, result.initial_metric) == (0, 0.9)
     _assert_equal_states(_weights(tmp_path / "s2"), _weights(tmp_path / "s1"))
     result = finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", config=config, data=data,
                             **QUIET)
-    assert result["initial_metric"] is None and result["best_epoch"] == 1
+    assert result.initial_metric is None and result.best_epoch == 1
 
 
 def test_the_pipeline_reuses_the_stage1_score_and_reports_the_winner(workspace, tmp_path, monkeypatch):  # noqa: F811
@@ -173,8 +173,8 @@ def test_the_pipeline_reuses_the_stage1_score_and_reports_the_winner(workspace, 
     recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"teacher": {"epochs": 1}, "stage1": {"epochs": 1}})
     monkeypatch.setattr(stage2_module, "evaluate", shifted(-1.0))
     report = run(recipe, tmp_path / "worse", **QUIET)
-    stage2_epochs = recipe["stage2"]["epochs"]
-    assert len(calls) == recipe["teacher"]["epochs"] + 1 + stage2_epochs + 1  # each: its epochs, the final check
+    stage2_epochs = recipe.stage2.epochs
+    assert len(calls) == recipe.teacher.epochs + 1 + stage2_epochs + 1  # each: its epochs, the final check
     dev_stage1 = report.scores_of("student_stage1", "validation")["accuracy"]
     assert report.selection.selected_epoch == 0 and report.selection.stage1_kept
     assert report.selection.candidates[0] == (0, dev_stage1) and len(report.selection.candidates) == 1 + stage2_epochs

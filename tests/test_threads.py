@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from linearize.cli import app
 from linearize.errors import LinearizeError
-from linearize.threads import BUSY_CORES, busy_cores, cpu_snapshot, other_processes_cores, set_threads, wait_policy_choice
+from linearize.machine import cpu_snapshot, other_processes_cores
+from linearize.threads import BUSY_CORES, busy_cores, set_threads, wait_policy_choice
 
 POLICY = "import os, sys; {first}; print(os.environ.get('OMP_WAIT_POLICY'))"
 
@@ -68,8 +69,9 @@ def test_set_threads_sets_torchs_thread_count_and_refuses_zero():
         torch.set_num_threads(saved)
 
 
-@pytest.mark.parametrize("command", [["distill"], ["finetune"], ["run"], ["compare"], ["bench"], ["eval", "text"],
-                                     ["eval", "glue"], ["eval", "image"]])
+@pytest.mark.parametrize("command", [["distill"], ["finetune"], ["run"], ["compare"], ["bench", "attention"],
+                                     ["bench", "long"], ["bench", "folder"], ["eval", "text"], ["eval", "glue"],
+                                     ["eval", "image"]])
 def test_the_training_evaluation_and_bench_commands_take_threads(command):
     done = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert done.exit_code == 0 and "--threads" in done.output

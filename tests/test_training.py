@@ -14,13 +14,15 @@ from typer.testing import CliRunner
 
 import linearize
 from linearize.cli import app
-from linearize.convert import feature_maps_of
+from linearize.config import Stage1Config
+from linearize.convert import conversion_record, feature_maps_of
 from linearize.distill import DistillConfig, attention_distances, distill
+from linearize import evaluation as evaluation_module
 from linearize.distill import stage1 as stage1_module
 from linearize.errors import LinearizeError
 from linearize.finetune import FinetuneConfig, finetune
-from linearize.finetune import stage2 as stage2_module
 from linearize.pipeline import distill_model, finetune_model
+from linearize.report import StageResult
 from linearize.training import loop as training_loop
 from tiny_models import SMALL, VOCAB, build, inputs, save_tiny_text_classifier
 
@@ -73,21 +75,21 @@ def test_glue_layout_stage1_then_stage2(tiny_text, task):
     data = {"data_dir": str(root / "glue"), "max_length": 24}
     distilled = root / f"{task}-s1"
     result = distill_model(str(root / "tiny"), task, distilled, method="hedgehog",
-                           config=DistillConfig(lr=1e-2, epochs=3), batch_size=8, data=data, progress=False,
+                           config=Stage1Config(lr=1e-2, epochs=3, batch_size=8), data=data, progress=False,
                            log=lambda *a, **k: None)
-    before = np.mean([v["ce"] for v in result["per_layer_before"].values()])
-    after = np.mean([v["ce"] for v in result["per_layer_after"].values()])
+    before = np.mean([v["ce"] for v in result.per_layer_before.values()])
+    after = np.mean([v["ce"] for v in result.per_layer_after.values()])
     assert after < before
-    assert linearize.load(distilled).config.linearize["method"] == "hedgehog"  # the checkpoint reloads
+    assert conversion_record(linearize.load(distilled)).method == "hedgehog"  # the checkpoint reloads
     final = root / f"{task}-s2"
     result = finetune_model(str(distilled), task, final, config=FinetuneConfig(lr=2e-3, batch_size=8, epochs=4,
                                                                                patience=0),
                             data=data, progress=False, log=lambda *a, **k: None)
-    losses = [entry["train_loss"] for entry in result["history"]]
+    losses = [entry["train_loss"] for entry in result.history]
     assert losses[-1] < losses[0]
     reloaded = linearize.load(final)
     assert reloaded.config.num_labels == (1 if task == "stsb" else 2)
-    assert set(result["scores"]) == {"validation"}
+    assert set(result.scores) == {"validation"}
 
 
 def test_image_folder_stage1_then_stage2(tmp_path):
@@ -106,14 +108,14 @@ def test_image_folder_stage1_then_stage2(tmp_path):
     T.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "vit")
     data = {"data_dir": str(tmp_path / "imgs")}
     result = distill_model(str(tmp_path / "vit"), "imagefolder", tmp_path / "s1", method="t2r",
-                           config=DistillConfig(lr=1e-2, epochs=3), batch_size=8, data=data, progress=False,
+                           config=Stage1Config(lr=1e-2, epochs=3, batch_size=8), data=data, progress=False,
                            log=lambda *a, **k: None)
-    assert np.mean([v["ce"] for v in result["per_layer_after"].values()]) < \
-        np.mean([v["ce"] for v in result["per_layer_before"].values()])
+    assert np.mean([v["ce"] for v in result.per_layer_after.values()]) < \
+        np.mean([v["ce"] for v in result.per_layer_before.values()])
     result = finetune_model(str(tmp_path / "s1"), "imagefolder", tmp_path / "s2",
                             config=FinetuneConfig(lr=2e-3, batch_size=8, epochs=3, patience=0), data=data,
                             progress=False, log=lambda *a, **k: None)
-    assert result["history"][-1]["train_loss"] < result["history"][0]["train_loss"]
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     assert type(linearize.load(tmp_path / "s2")).__name__ == "LinearizeViTForImageClassification"
 
 
@@ -134,10 +136,10 @@ def test_real_minilm_luna_stage1_lowers_attention_ce(minilm_path):
     linearize.convert(model, "luna")
     result = distill(model, loaders["train"], DistillConfig(lr=5e-3, max_steps=30), eval_loader=loaders["validation"],
                      progress=False, log=lambda *a, **k: None)
-    before = np.mean([v["ce"] for v in result["per_layer_before"].values()])
-    after = np.mean([v["ce"] for v in result["per_layer_after"].values()])
+    before = np.mean([v["ce"] for v in result.per_layer_before.values()])
+    after = np.mean([v["ce"] for v in result.per_layer_after.values()])
     assert after < before - 0.05, (before, after)
-    assert result["steps"] == 30
+    assert result.steps == 30
 
 
 def _loader(seed=0, n=24, batch_size=4):
@@ -163,20 +165,20 @@ def test_stage1_resume_after_interruption_gives_the_same_weights(tmp_path, monke
     reference = _student()
     distill(reference, train, config, checkpoint_dir=tmp_path / "a", **quiet)
 
-    original = stage1_module._save_state
+    original = training_loop.Trainer.save_checkpoint
 
-    def crash_after_step_8(path, maps, optimizer, scheduler, step, *args):
-        original(path, maps, optimizer, scheduler, step, *args)
-        if step == 8:
+    def crash_after_step_8(trainer, directory, **progress):
+        original(trainer, directory, **progress)
+        if progress["step"] == 8:
             raise KeyboardInterrupt("simulated kill")
 
-    monkeypatch.setattr(stage1_module, "_save_state", crash_after_step_8)
+    monkeypatch.setattr(training_loop.Trainer, "save_checkpoint", crash_after_step_8)
     with pytest.raises(KeyboardInterrupt):
         distill(_student(), train, config, checkpoint_dir=tmp_path / "b", **quiet)
-    monkeypatch.setattr(stage1_module, "_save_state", original)
+    monkeypatch.setattr(training_loop.Trainer, "save_checkpoint", original)
     resumed = _student()  # a fresh process: same construction, state from the checkpoint
     result = distill(resumed, train, config, checkpoint_dir=tmp_path / "b", **quiet)
-    assert result["steps"] == 12
+    assert result.steps == 12
     _assert_same_weights(reference, resumed)
     assert [e["step"] for e in _jsonl(tmp_path / "b" / "metrics.jsonl")] == list(range(1, 13))  # none twice
 
@@ -197,7 +199,7 @@ def test_stage2_resume_after_interruption_gives_the_same_weights(tmp_path):
     resumed = _student()
     result = finetune(resumed, _loader(), _loader(), "sst2", tmp_path / "b", config=config, progress=False,
                       log=lambda *a, **k: None)
-    assert result["resumed"] and result["epochs_run"] == 3
+    assert result.extra["resumed"] and result.extra["epochs_run"] == 3
     for (name, a), (_, b) in zip(reference.named_parameters(), resumed.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
@@ -282,7 +284,7 @@ def _jsonl(path):
 
 def test_metrics_jsonl_logs_every_step_with_throughput(tmp_path, monkeypatch):
     monkeypatch.setattr(training_loop, "ProgressBar", _RecordingBar)  # both stages' training bars
-    monkeypatch.setattr(stage2_module, "ProgressBar", _RecordingBar)  # the dev evaluations' bars
+    monkeypatch.setattr(evaluation_module, "ProgressBar", _RecordingBar)  # the dev evaluations' bars
     distill(_student(), _loader(), DistillConfig(epochs=1), checkpoint_dir=tmp_path / "s1", log=lambda *a, **k: None)
     entries = _jsonl(tmp_path / "s1" / "metrics.jsonl")
     assert [entry["step"] for entry in entries] == list(range(1, 7))
@@ -343,7 +345,7 @@ def test_gradient_accumulation_equals_one_larger_batch(tmp_path, stage, batch, a
 
     accumulated, result = train(batch, accumulation, tmp_path / "a")
     reference, expected = train(batch * accumulation, 1, tmp_path / "b")
-    assert result["steps"] == expected["steps"] == 2 * math.ceil(24 / (batch * accumulation))
+    assert result.steps == expected.steps == 2 * math.ceil(24 / (batch * accumulation))
     _assert_same_weights(accumulated, reference, atol=1e-5)
     untrained = dict(_dropout_free_student().named_parameters())
     assert any(not torch.equal(p, untrained[name]) for name, p in reference.named_parameters())  # it trained
@@ -358,24 +360,24 @@ def test_stage2_resume_mid_epoch_gives_the_same_weights(tmp_path, monkeypatch, a
     reference = _student()
     expected = finetune(reference, train, _loader(), "sst2", tmp_path / "a", config=config, **quiet)
 
-    original = stage2_module.save_accelerator_checkpoint
+    original = training_loop.Trainer.save_checkpoint
 
-    def crash_after_step_8(accelerator, output_dir, meta):
-        original(accelerator, output_dir, meta)
-        if meta["step"] == 8:
+    def crash_after_step_8(trainer, directory, **progress):
+        original(trainer, directory, **progress)
+        if progress["step"] == 8:
             raise KeyboardInterrupt("simulated kill")
 
-    monkeypatch.setattr(stage2_module, "save_accelerator_checkpoint", crash_after_step_8)
+    monkeypatch.setattr(training_loop.Trainer, "save_checkpoint", crash_after_step_8)
     with pytest.raises(KeyboardInterrupt):
         finetune(_student(), train, _loader(), "sst2", tmp_path / "b", config=config, **quiet)
-    monkeypatch.setattr(stage2_module, "save_accelerator_checkpoint", original)
-    saved = json.loads((tmp_path / "b" / "progress.json").read_text())
-    assert (saved["epoch"], saved["step"], saved["epoch_step"]) == (1, 8, 2)
+    monkeypatch.setattr(training_loop.Trainer, "save_checkpoint", original)
+    saved = json.loads((tmp_path / "b" / "checkpoint.json").read_text())
+    assert (saved["epoch"], saved["step"], saved["extra"]["epoch_step"]) == (1, 8, 2)
     assert [p.name for p in (tmp_path / "b").iterdir() if "state" in p.name] == [saved["state"]]
     resumed = _student()  # a fresh process: same construction, state from the checkpoint
     result = finetune(resumed, train, _loader(), "sst2", tmp_path / "b", config=config, **quiet)
-    assert result["resumed"] and result["steps"] == 18 and result["epochs_run"] == 3
-    assert [e["train_loss"] for e in result["history"]] == pytest.approx([e["train_loss"] for e in expected["history"]])
+    assert result.extra["resumed"] and result.steps == 18 and result.extra["epochs_run"] == 3
+    assert [e["train_loss"] for e in result.history] == pytest.approx([e["train_loss"] for e in expected.history])
     _assert_same_weights(reference, resumed)
     assert [e["step"] for e in _jsonl(tmp_path / "b" / "metrics.jsonl")] == \
         [e["step"] for e in _jsonl(tmp_path / "a" / "metrics.jsonl")]  # no step logged twice
@@ -402,6 +404,32 @@ def test_no_resume_clears_the_checkpoint_and_starts_afresh(tmp_path, stage):
     assert len(_jsonl(tmp_path / "b" / "metrics.jsonl")) == len(_jsonl(tmp_path / "a" / "metrics.jsonl"))
 
 
+@pytest.mark.parametrize("stage", ["distill", "finetune"])
+def test_a_checkpoint_of_an_earlier_version_is_removed_and_the_run_starts_afresh(tmp_path, stage):
+    """Stage 1's ``stage1_state.pt``, stage 2's ``progress.json`` and its state folder: not read,
+    removed with one line, and the run trains as a fresh one."""
+    folder, lines = tmp_path / "b", []
+    (folder / "state-1-8").mkdir(parents=True)
+    (folder / "progress.json").write_text('{"epoch": 1, "step": 8, "state": "state-1-8"}')
+    (folder / "stage1_state.pt").write_bytes(b"an earlier format")
+    (folder / "metrics.jsonl").write_text('{"step": 9}\n')
+
+    def train(directory, log):
+        model = _student()
+        if stage == "distill":
+            distill(model, _loader(), DistillConfig(epochs=1), checkpoint_dir=directory, progress=False, log=log)
+        else:
+            finetune(model, _loader(), _loader(), "sst2", directory, config=FinetuneConfig(epochs=1, patience=0),
+                     progress=False, log=log)
+        return model
+
+    _assert_same_weights(train(tmp_path / "a", lambda *a, **k: None), train(folder, lines.append))
+    assert [line for line in lines if "earlier linearize version" in line] == [lines[0]]
+    assert sorted(p.name for p in folder.iterdir() if p.name != "best.pt") == ["checkpoint.json", "metrics.jsonl",
+                                                                             "state-1-6"]
+    assert len(_jsonl(folder / "metrics.jsonl")) == len(_jsonl(tmp_path / "a" / "metrics.jsonl"))
+
+
 def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
     import linearize.pipeline as pipeline
 
@@ -409,11 +437,11 @@ def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
 
     def fake_distill_model(model, task, out, **kwargs):
         calls["distill"] = kwargs
-        return {"per_layer_before": {}, "per_layer_after": {}}
+        return StageResult()
 
     def fake_finetune_model(model, task, out, **kwargs):
         calls["finetune"] = kwargs
-        return {"scores": {"validation": {"accuracy": 1.0}}, "best_epoch": 1}
+        return StageResult(scores={"validation": {"accuracy": 1.0}}, best_epoch=1)
 
     monkeypatch.setattr(pipeline, "distill_model", fake_distill_model)
     monkeypatch.setattr(pipeline, "finetune_model", fake_finetune_model)

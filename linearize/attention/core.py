@@ -75,7 +75,7 @@ def _key_mask(key_padding_mask, batch, seq, device):
     return key_padding_mask.to(device=device, dtype=torch.float32)
 
 
-def _cast_finite(out, dtype):
+def cast_finite(out, dtype):
     """Cast the float32 result to the model's dtype without overflowing to ±inf (fp16's range is
     65504: a nearly cancelling Flexformer normaliser can give larger values)."""
     if out.dtype != dtype and dtype in (torch.float16, torch.bfloat16):
@@ -84,7 +84,7 @@ def _cast_finite(out, dtype):
     return out.to(dtype)
 
 
-def _guard(den, eps, feature_map=None):
+def guard_denominator(den, eps, feature_map=None):
     """Keep a normaliser away from zero: |den| < eps becomes ±eps (0 → +eps).
 
     A map with non-negative features (``feature_map.nonnegative``) gives ``den = φ(q)·Σφ(k) + ε
@@ -158,7 +158,7 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     key_sum = keys.sum(dim=1, keepdim=True)  # [B*H, 1, D]: Σ φ(k_j)
     real_v, n_real = _real_value_sums(v, mask, key_padding_mask is not None)
     out = _normalised_output(phi_q.reshape(rows, seq_q, dim_f), state, key_sum, real_v, n_real, eps, feature_map)
-    return _cast_finite(out.view(batch, heads, seq_q, dim_v), v.dtype)
+    return cast_finite(out.view(batch, heads, seq_q, dim_v), v.dtype)
 
 
 def _real_value_sums(v, mask, padded):
@@ -179,7 +179,7 @@ def _normalised_output(phi_q, state, key_sum, real_v, n_real, eps, feature_map):
     n_real = n_real.clamp_min(1.0)
     num = torch.baddbmm(real_v * (eps / n_real), phi_q, state)  # [R, Nq, d]
     den = (phi_q * key_sum).sum(dim=-1, keepdim=True).add_(eps)  # [R, Nq, 1]
-    return num.div_(_guard(den, eps, feature_map))
+    return num.div_(guard_denominator(den, eps, feature_map))
 
 
 #: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (2 MiB fp32):
@@ -225,7 +225,7 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
         phi, _ = feature_map.chunk_features(q[:, :, start:stop].float() * root, query_mask, start)
         part = _normalised_output(phi.reshape(rows, stop - start, -1), state, key_sum, real_v, n_real, eps,
                                   feature_map)
-        out[:, :, start:stop] = _cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
+        out[:, :, start:stop] = cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
     return out
 
 
@@ -308,13 +308,13 @@ def normalised_kernel_rows(phi_q, phi_k, mask, eps=DEFAULT_EPS):
     n_real = mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]
     kappa = kappa + (eps / n_real) * mask[:, None, None, :]
     den = kappa.sum(dim=-1, keepdim=True)
-    return kappa / _guard(den, eps)
+    return kappa / guard_denominator(den, eps)
 
 
 def quadratic_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
     """Naive O(N²) reference: ``Â V``. Every fast path is tested against it."""
     weights = linear_attention_weights(q, k, feature_map, key_padding_mask, scale, eps)
-    return _cast_finite(weights @ v.float(), v.dtype)
+    return cast_finite(weights @ v.float(), v.dtype)
 
 
 def softmax_attention_weights(q, k, key_padding_mask=None, scale=None, attn_bias=None):

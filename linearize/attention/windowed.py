@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .core import DEFAULT_EPS, _cast_finite, _guard, feature_maps, is_tracing, softmax_attention_weights
+from .core import DEFAULT_EPS, cast_finite, feature_maps, guard_denominator, is_tracing, softmax_attention_weights
 
 #: query rows per block of :func:`windowed_linear_attention`
 WINDOW_BLOCK = 256
@@ -44,7 +44,7 @@ def _window_rows(phi_q, phi_k, key_mask, allowed, eps):
     keep = allowed & key_mask[:, None, None, :].bool()
     n_real = keep.sum(dim=-1, keepdim=True).clamp_min(1).float()
     kappa = torch.where(keep, kappa + eps / n_real, torch.zeros_like(kappa))
-    return kappa / _guard(kappa.sum(dim=-1, keepdim=True), eps)
+    return kappa / guard_denominator(kappa.sum(dim=-1, keepdim=True), eps)
 
 
 def windowed_attention_weights(q, k, feature_map, radius, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
@@ -58,7 +58,7 @@ def windowed_attention_weights(q, k, feature_map, radius, key_padding_mask=None,
 def windowed_quadratic_attention(q, k, v, feature_map, radius, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
     """Naive O(N²) reference of :func:`windowed_linear_attention`: windowed ``Â V``."""
     weights = windowed_attention_weights(q, k, feature_map, radius, key_padding_mask, scale, eps)
-    return _cast_finite(weights @ v.float(), v.dtype)
+    return cast_finite(weights @ v.float(), v.dtype)
 
 
 def windowed_linear_attention(q, k, v, feature_map, radius, key_padding_mask=None, scale=None, eps=DEFAULT_EPS,
@@ -81,7 +81,7 @@ def windowed_linear_attention(q, k, v, feature_map, radius, key_padding_mask=Non
         cols = torch.arange(low, high, device=q.device)[None, :]
         weights = _window_rows(phi_q[:, :, start:stop], phi_k[:, :, low:high], mask[:, low:high],
                                (rows - cols).abs() <= radius, eps)
-        out[:, :, start:stop] = _cast_finite(weights @ vf[:, :, low:high], v.dtype)
+        out[:, :, start:stop] = cast_finite(weights @ vf[:, :, low:high], v.dtype)
     return out
 
 

@@ -42,16 +42,8 @@ OptionOpt = Annotated[Optional[list[str]], typer.Option(
 TaskOpt = Annotated[str, typer.Option("--task", help="A GLUE task (sst2, mrpc, ...), moviereviews, moviereviews-long, "
                                                      "embeddings, fashion-mnist, imagefolder, files, or a Hub data set "
                                                      "id.")]
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Local data: GLUE's own layout, an image "
-                                                                      "folder, or Fashion-MNIST IDX files.")]
 TrainFileOpt = Annotated[Optional[Path], typer.Option(
     "--train-file", help="CSV/TSV/JSON(L) training file (--task embeddings: also .txt, one sentence a line).")]
-ValidationFileOpt = Annotated[Optional[Path], typer.Option("--validation-file", help="CSV/TSV/JSON(L) dev file.")]
-TestFileOpt = Annotated[Optional[Path], typer.Option("--test-file", help="CSV/TSV/JSON(L) test file (reported only).")]
-TextColumnOpt = Annotated[str, typer.Option("--text-column", help="Text column of data files.")]
-TextPairColumnOpt = Annotated[Optional[str], typer.Option("--text-pair-column", help="Second text column (pairs).")]
-LabelColumnOpt = Annotated[Optional[str], typer.Option("--label-column", help="Label column of data files.")]
-MaxLengthOpt = Annotated[int, typer.Option("--max-length", help="Truncate text to this many tokens.")]
 HeadDimOpt = Annotated[int, typer.Option("--head-dim", help="Head dimension used to count parameters.")]
 NumHeadsOpt = Annotated[int, typer.Option("--num-heads", help="Heads per layer used to count parameters.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
@@ -133,13 +125,10 @@ def parse_layers(text):
         raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
 
 
-def data_options(data_dir=None, train_file=None, validation_file=None, test_file=None, text_column="text",
-                 text_pair_column=None, label_column=None, max_length=128):
-    """The recipe ``data`` section from the shared data options."""
-    return {"data_dir": data_dir and str(data_dir), "train_file": train_file and str(train_file),
-            "validation_file": validation_file and str(validation_file), "test_file": test_file and str(test_file),
-            "text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column,
-            "max_length": max_length}
+#: the data options of `linearize distill` / `finetune` / `eval text`, made from DataConfig's fields
+TEXT_DATA_FIELDS = ("data_dir", "data_file", "train_file", "validation_file", "test_file", "text_column",
+                    "text_pair_column", "label_column", "dev_fraction", "max_length", "max_train_examples",
+                    "max_eval_examples")
 
 
 def print_scores(result, title):

@@ -42,7 +42,7 @@ def compare_command(
 
     set_threads(threads)
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
-    out = out or Path("runs") / f"compare-{resolved['name']}{'-quick' if quick else ''}"
+    out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
     table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],
                     seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
                     settings=dict(parse_variant(v) for v in variant) if variant else None,

@@ -85,12 +85,12 @@ def convert_command(
 @friendly_errors
 def info_command(directory: Annotated[Path, typer.Argument(help="A converted model folder.")]):
     """Show what a converted model is: method, options, converted layers, parameter overhead, and
-    the crossover against softmax `linearize bench --model DIR` measured (with the machine).
+    the crossover against softmax `linearize bench folder DIR` measured (with the machine).
 
     Example: linearize info runs/minilm-luna
     """
     from ..convert import summary
-    from ..model_bench import folder_speed_lines, read_folder_bench
+    from ..bench import folder_speed_lines, read_folder_bench
 
     info = summary(directory)
     speed = read_folder_bench(directory)
@@ -121,7 +121,7 @@ def print_summary(info, speed=None):
     if speed is not None:
         rows += list(speed.items())
     else:
-        rows.append(("crossover", f"not measured: run `linearize bench --model {info['directory']}`"))
+        rows.append(("crossover", f"not measured: run `linearize bench folder {info['directory']}`"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

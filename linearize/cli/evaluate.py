@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import (DataDirOpt, LabelColumnOpt, MaxLengthOpt, TestFileOpt, TextColumnOpt, TextPairColumnOpt,
-               ThreadsOpt, TrainFileOpt, ValidationFileOpt, app, data_options, friendly_errors, print_scores,
-               set_threads)
+from ..config import DataConfig
+from . import TEXT_DATA_FIELDS, ThreadsOpt, app, friendly_errors, print_scores, set_threads
+from .config_options import config_options
 
 eval_app = typer.Typer(help="Evaluate a model (converted or softmax) on GLUE, text files or images.",
                        no_args_is_help=True)
@@ -23,7 +23,7 @@ BatchOpt = Annotated[int, typer.Option("--batch-size", help="Evaluation batch si
 def _report(result, json_path):
     print_scores(result["scores"], f"{result['task']} ({'converted' if result['converted'] else 'softmax'} model)")
     if json_path is not None:
-        from ..io import atomic_write_json
+        from ..outputs import atomic_write_json
         from ..training import on_main_process
 
         on_main_process(atomic_write_json, json_path, result)
@@ -31,14 +31,14 @@ def _report(result, json_path):
 
 @eval_app.command("glue")
 @friendly_errors
+@config_options(DataConfig, include=("data_dir", "max_length"), into="data")
 def eval_glue(
     model: ModelArg,
     task: Annotated[str, typer.Option("--task", help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli.")],
-    data_dir: DataDirOpt = None,
-    max_length: MaxLengthOpt = 128,
     batch_size: BatchOpt = 64,
     json_path: JsonOpt = None,
     threads: ThreadsOpt = None,
+    data: DataConfig = None,
 ):
     """GLUE dev split with the official metric (MNLI: matched and mismatched).
 
@@ -52,21 +52,19 @@ def eval_glue(
         from ..errors import LinearizeError
 
         raise LinearizeError(f"{task!r} is not a GLUE task; valid: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli")
-    data = data_options(data_dir=data_dir, max_length=max_length)
     _report(evaluate_model(model, task, data=data, batch_size=batch_size, progress=True), json_path)
 
 
 @eval_app.command("text")
 @friendly_errors
+@config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
 def eval_text(
     model: ModelArg,
     task: Annotated[str, typer.Option("--task", help="moviereviews, files, or a Hub data set id.")] = "moviereviews",
-    train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None, test_file: TestFileOpt = None,
-    text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
-    label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     batch_size: BatchOpt = 64,
     json_path: JsonOpt = None,
     threads: ThreadsOpt = None,
+    data: DataConfig = None,
 ):
     """Text classification on the movie reviews, local files or a Hub data set (dev and test splits).
 
@@ -75,20 +73,19 @@ def eval_text(
     from ..pipeline import evaluate_model
 
     set_threads(threads)
-    data = data_options(None, train_file, validation_file, test_file, text_column, text_pair_column, label_column,
-                        max_length)
     _report(evaluate_model(model, task, data=data, batch_size=batch_size, progress=True), json_path)
 
 
 @eval_app.command("image")
 @friendly_errors
+@config_options(DataConfig, include=("data_dir",), into="data")
 def eval_image(
     model: ModelArg,
     dataset: Annotated[str, typer.Option("--dataset", help="fashion-mnist, imagefolder or a Hub data set id.")],
-    data_dir: DataDirOpt = None,
     batch_size: BatchOpt = 128,
     json_path: JsonOpt = None,
     threads: ThreadsOpt = None,
+    data: DataConfig = None,
 ):
     """Image classification top-1 (and top-5 with more than five classes).
 
@@ -97,5 +94,4 @@ def eval_image(
     from ..pipeline import evaluate_model
 
     set_threads(threads)
-    data = {"data_dir": data_dir and str(data_dir)}
     _report(evaluate_model(model, dataset, data=data, batch_size=batch_size, progress=True), json_path)

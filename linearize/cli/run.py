@@ -62,9 +62,9 @@ def run_command(
     if option:
         overrides["options"] = parse_options(option)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
-    out = out or Path("runs") / f"{resolved['name']}-{resolved['method']}{'-quick' if quick else ''}"
+    out = out or Path("runs") / f"{resolved.name}-{resolved.method}{'-quick' if quick else ''}"
     report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from,
                  report_to=report_to)
-    rec = report["recovery"]
-    console.print(f"[bold]done:[/] {out}: student keeps {rec['average']:.1f}% of the teacher's "
-                  f"{report['task']['primary_metric']} on the {rec['split']} split; see {out / 'report.md'}")
+    recovery = report.recovery()
+    console.print(f"[bold]done:[/] {out}: student keeps {recovery.average:.1f}% of the teacher's "
+                  f"{report.primary_metric} on the {recovery.split} split; see {out / 'report.md'}")

@@ -7,11 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..config import DistillConfig, FinetuneConfig, Stage1Config, stage_config
+from ..config import DataConfig, FinetuneConfig, Stage1Config
 from ..recipes import parse_options
-from . import (DataDirOpt, LabelColumnOpt, LayersOpt, MaxLengthOpt, OptionOpt, TaskOpt, TestFileOpt,
-               TextColumnOpt, TextPairColumnOpt, TrainFileOpt, ValidationFileOpt, app, console, data_options,
-               ThreadsOpt, friendly_errors, parse_layers, print_scores, set_threads)
+from . import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, console, friendly_errors,
+               parse_layers, print_scores, set_threads)
 from .config_options import config_options
 
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
@@ -30,6 +29,7 @@ KeepWorkOpt = Annotated[bool, typer.Option(
 @app.command("distill")
 @friendly_errors
 @config_options(Stage1Config, exclude=("enabled",))
+@config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
 def distill_command(
     model: ModelArg,
     out: OutOpt,
@@ -39,12 +39,10 @@ def distill_command(
     option: OptionOpt = None,
     resume: ResumeOpt = True,
     keep_work: KeepWorkOpt = False,
-    data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
-    test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
-    label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     overwrite: OverwriteOpt = False,
     threads: ThreadsOpt = None,
     config: Stage1Config = None,
+    data: DataConfig = None,
 ):
     """Stage 1: train only the feature maps to reproduce the softmax attention rows.
 
@@ -53,19 +51,16 @@ def distill_command(
     from ..pipeline import distill_model
 
     set_threads(threads)
-    data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
-                        label_column, max_length)
     result = distill_model(model, task, out, method=method, options=parse_options(option),
-                           layers=parse_layers(layers), config=stage_config(DistillConfig, config.to_dict()),
-                           batch_size=config.batch_size, eval_batches=config.eval_batches, data=data,
-                           overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
+                           layers=parse_layers(layers), config=config, data=data, overwrite=overwrite,
+                           resume=resume, keep_work=keep_work, log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")
     for column in ("layer", "CE before", "CE after", "KL before", "KL after"):
         table.add_column(column, justify="right")
-    for layer, after in result["per_layer_after"].items():
-        before = result["per_layer_before"][layer]
+    for layer, after in result.per_layer_after.items():
+        before = result.per_layer_before[layer]
         table.add_row(str(layer), f"{before['ce']:.3f}", f"{after['ce']:.3f}", f"{before['kl']:.3f}",
                       f"{after['kl']:.3f}")
     console.print(table)
@@ -75,6 +70,7 @@ def distill_command(
 @app.command("finetune")
 @friendly_errors
 @config_options(FinetuneConfig, unset_is_none=True, into="settings")
+@config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
 def finetune_command(
     model: ModelArg,
     out: OutOpt,
@@ -86,12 +82,10 @@ def finetune_command(
     teacher: Annotated[Optional[str], typer.Option(
         help="The softmax teacher (folder or checkpoint with the task's head) for --kd-weight.")] = None,
     head: Annotated[Optional[str], typer.Option(help="Task head for an unconverted checkpoint.")] = None,
-    data_dir: DataDirOpt = None, train_file: TrainFileOpt = None, validation_file: ValidationFileOpt = None,
-    test_file: TestFileOpt = None, text_column: TextColumnOpt = "text", text_pair_column: TextPairColumnOpt = None,
-    label_column: LabelColumnOpt = None, max_length: MaxLengthOpt = 128,
     overwrite: OverwriteOpt = False,
     threads: ThreadsOpt = None,
     settings: dict = None,
+    data: DataConfig = None,
 ):
     """Stage 2: fine-tune the whole model on the task, keep the best dev checkpoint.
 
@@ -103,10 +97,8 @@ def finetune_command(
 
     set_threads(threads)
     config = finetune_recipe(recipe, **settings)
-    data = data_options(data_dir, train_file, validation_file, test_file, text_column, text_pair_column,
-                        label_column, max_length)
     result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
                             resume=resume, teacher=teacher, keep_work=keep_work, log=console.print)
-    kept = ": the stage-1 model as given, no epoch beat it on dev" if result["best_epoch"] == 0 else ""
-    print_scores(result["scores"], f"best checkpoint (epoch {result['best_epoch']}{kept}) on {task}")
+    kept = ": the stage-1 model as given, no epoch beat it on dev" if result.best_epoch == 0 else ""
+    print_scores(result.scores, f"best checkpoint (epoch {result.best_epoch}{kept}) on {task}")
     console.print(f"saved to {out}")

@@ -17,16 +17,16 @@ from ..attention.feature_maps import check_method_options
 from ..config import SlidingWindowConfig
 from ..errors import LinearizeError
 from . import positions, resolution, sentence_transformers
-from .backends import backend_for, backend_for_block, hf_attention
+from .backends import backend_for, backend_for_record, hf_attention
 from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
-from .loading import check_loading_info, read_linearize_block  # noqa: F401  (public names)
+from .loading import check_loading_info, read_conversion_record  # noqa: F401  (public names)
+from .record import ConversionRecord
 
-FORMAT_VERSION = 1
 SUPPORTED = sorted(hf_attention.ATTENTION_CLASSES) + ["timm VisionTransformer"]
 
 
 def _version():
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
@@ -111,23 +111,22 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
     image_size = resolution.check_image_size(model, image_size)
     before = sum(p.numel() for p in model.parameters())
-    block = {"format_version": FORMAT_VERSION, "linearize_version": _version(), "method": method,
-             "options": dict(options), "layers": chosen, "num_attention_layers": len(modules)}
-    if sliding:
-        block["sliding_window_layers"] = sliding
-    block.update(backend.record(model, source))
-    backend.attach(model, method, chosen, options, block)
-    block["parameters_added"] = int(sum(p.numel() for p in model.parameters()) - before)
+    found = backend.record(model, source)  # before attach: the model's own class and attention
+    backend.attach(model, method, chosen, options)
+    added = int(sum(p.numel() for p in model.parameters()) - before)
     if max_length is not None:  # after attach: the model owns its config now
         positions.extend_positions(model, max_length, position_init)
-        block.update(max_length=max_length, position_init=position_init)
-        if sentence_transformers.BLOCK_KEY in block:  # sentence-transformers' max_seq_length follows
-            block[sentence_transformers.BLOCK_KEY] = sentence_transformers.with_max_length(
-                block[sentence_transformers.BLOCK_KEY], max_length)
+        # sentence-transformers' max_seq_length follows
+        found["sentence_transformers_files"] = sentence_transformers.with_max_length(
+            found.get("sentence_transformers_files"), max_length)
     if image_size is not None:
         resolution.resize_image_positions(model, image_size)
-        block["image_size"] = image_size
-    block["parameters_base"] = int(sum(p.numel() for p in model.parameters()) - block["parameters_added"])
+    backend.store_record(model, ConversionRecord(
+        method=method, options=dict(options), layers=tuple(chosen), num_attention_layers=len(modules),
+        sliding_window_layers=tuple(sliding), parameters_added=added,
+        parameters_base=int(sum(p.numel() for p in model.parameters()) - added), max_length=max_length,
+        position_init=position_init if max_length is not None else None, image_size=image_size,
+        linearize_version=_version(), **found))
     return model
 
 
@@ -140,9 +139,11 @@ def revert(model):
     return model
 
 
-def linearize_config(model):
-    """The conversion record (method, options, layers, source, parameter counts) or None."""
-    return getattr(getattr(model, "config", None), "linearize", None) or getattr(model, "linearize_config", None)
+def conversion_record(model):
+    """The :class:`~linearize.convert.record.ConversionRecord` of a converted model (method, options,
+    layers, source, parameter counts), or None for a model that is not converted."""
+    stored = getattr(getattr(model, "config", None), "linearize", None) or getattr(model, "linearize_config", None)
+    return None if stored is None else ConversionRecord.from_block(stored)
 
 
 def feature_maps_of(model):
@@ -153,7 +154,7 @@ def feature_maps_of(model):
 def save(model, directory):
     """Save a converted model (any backend) so that ``linearize.load`` restores it exactly."""
     backend = backend_for(model)
-    if backend is None or linearize_config(model) is None:
+    if backend is None or conversion_record(model) is None:
         raise LinearizeError("save() takes a model converted with linearize.convert")
     backend.save(model, directory)
 
@@ -166,19 +167,19 @@ def load(directory, **kwargs):
     from .loading import error_summary
 
     directory = Path(directory)
-    data, block = read_linearize_block(directory)
+    data, record = read_conversion_record(directory)
     try:
-        return backend_for_block(block).load(directory, data, block, **kwargs)
+        return backend_for_record(record).load(directory, data, record, **kwargs)
     except StrictDataclassError as error:  # a config.json field of the wrong type
         raise LinearizeError(f"could not load {directory}: {error_summary(error)}; fix its config.json") from None
 
 
 def parameter_overhead(model):
     """``(added, base)`` parameter counts of a converted model."""
-    block = linearize_config(model) or {}
+    record = conversion_record(model)
     added = sum(p.numel() for fm in feature_maps_of(model).values() for p in fm.parameters())
     total = sum(p.numel() for p in model.parameters())
-    return added, block.get("parameters_base", total - added)
+    return added, record.parameters_base if record and record.parameters_base is not None else total - added
 # ---- checkpoints on disk (what the CLI calls) -----------------------------------------------------
 
 def save_processors(source, directory, model_max_length=None, image_size=None):
@@ -215,7 +216,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
     prints).
     """
-    from ..io import atomic_dir, prepare_output_dir
+    from ..outputs import atomic_dir, prepare_output_dir
     from .loading import load_source_model, resolve_model_name
 
     options = dict(options or {})
@@ -251,24 +252,23 @@ def _has_labels_head(model):
 
 def summary(directory):
     """What a saved converted model is: method, layers, source, parameter overhead."""
-    data, block = read_linearize_block(directory)
-    added, base = block.get("parameters_added", 0), block.get("parameters_base", 0)
+    data, record = read_conversion_record(directory)
     return {
         "directory": str(directory),
-        "architecture": block.get("architecture"),
-        "base_model_type": block.get("base_model_type"),
+        "architecture": record.architecture,
+        "base_model_type": record.base_model_type,
         "model_type": data.get("model_type"),
-        "method": block["method"],
-        "options": block.get("options", {}),
-        "layers": block["layers"],
-        "num_attention_layers": block.get("num_attention_layers"),
-        "source": block.get("source"),
-        "parameters_added": added,
-        "parameters_base": base,
-        "parameters_added_percent": 100.0 * added / base if base else 0.0,
-        "linearize_version": block.get("linearize_version"),
-        "max_length": block.get("max_length"),
-        "position_init": block.get("position_init"),
-        "image_size": block.get("image_size"),
-        "sliding_window_layers": block.get("sliding_window_layers", []),
+        "method": record.method,
+        "options": dict(record.options),
+        "layers": list(record.layers),
+        "num_attention_layers": record.num_attention_layers,
+        "source": record.source,
+        "parameters_added": record.parameters_added,
+        "parameters_base": record.parameters_base or 0,
+        "parameters_added_percent": record.parameters_added_percent,
+        "linearize_version": record.linearize_version,
+        "max_length": record.max_length,
+        "position_init": record.position_init,
+        "image_size": record.image_size,
+        "sliding_window_layers": list(record.sliding_window_layers),
     }

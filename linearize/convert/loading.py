@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import LinearizeError
-from .config_block import decode_block
+from .record import ConversionRecord
 from .heads import cli_heads
 
 ALIASES = {
@@ -114,12 +114,12 @@ def check_not_converted(path):
     """A source model must be softmax: a folder linearize already converted is refused in one line
     (loading it as a plain checkpoint would ask to run its remote code)."""
     try:
-        block = decode_block(json.loads((Path(path) / "config.json").read_text()).get("linearize"))
+        record = ConversionRecord.from_config(json.loads((Path(path) / "config.json").read_text()))
     except (OSError, ValueError, AttributeError):
         return
-    if block:
-        raise LinearizeError(f"{path} is already converted to linear attention ({block.get('method')}, from "
-                             f"{block.get('source')}): start from its softmax source instead, or use it as it is "
+    if record is not None:
+        raise LinearizeError(f"{path} is already converted to linear attention ({record.method}, from "
+                             f"{record.source}): start from its softmax source instead, or use it as it is "
                              f"(see `linearize info {path}`)")
 
 
@@ -156,8 +156,9 @@ def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
 
 # ---- saved converted folders ----------------------------------------------------------------------
 
-def read_linearize_block(directory):
-    """The ``linearize`` block of a saved model's config.json, or a LinearizeError saying why not."""
+def read_conversion_record(directory):
+    """``(config.json's content, its ConversionRecord)`` of a saved converted model, or a
+    LinearizeError saying why not."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise LinearizeError(f"{directory} has no config.json: it is not a saved model folder")
@@ -165,11 +166,10 @@ def read_linearize_block(directory):
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise LinearizeError(f"{path} is not valid JSON ({error}); re-save or re-download the model") from None
-    block = decode_block(data.get("linearize"))
-    if not block:
+    if not isinstance(data, dict) or not data.get("linearize"):
         raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
                              "block); convert it first with `linearize convert`")
-    return data, block
+    return data, ConversionRecord.from_block(data["linearize"])
 
 
 def check_loading_info(directory, info):

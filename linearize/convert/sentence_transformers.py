@@ -8,8 +8,8 @@ A sentence-transformers model (all-MiniLM-L6-v2 among them) is a transformers fo
 tokenizer's length limit.
 
 :func:`read_files` takes them from the source at conversion and the conversion record
-(``config.json``'s ``linearize`` block) carries them under ``sentence_transformers``, so every
-later ``save_pretrained`` (``linearize convert``, ``run``, ``distill``, ``finetune``, a model
+(``ConversionRecord.sentence_transformers_files``, in ``config.json``'s ``linearize`` block)
+carries them, so every later ``save_pretrained`` (``linearize convert``, ``run``, ``distill``, ``finetune``, a model
 loaded with ``linearize.load`` and saved again) writes them back (:func:`write_files`) without
 needing the source folder. Only JSON files are carried: a module with weights of its own (a
 ``Dense`` layer) is not, and conversion warns that the folder is not kept as a
@@ -22,12 +22,11 @@ import json
 import warnings
 from pathlib import Path
 
-from ..io import atomic_write_json
+from ..outputs import atomic_write_json
 
 MODULES = "modules.json"
 MODEL_CONFIG = "sentence_bert_config.json"
 TOP_FILES = (MODULES, MODEL_CONFIG, "config_sentence_transformers.json")
-BLOCK_KEY = "sentence_transformers"
 
 
 def _local_file(source, name):
@@ -93,10 +92,10 @@ def with_max_length(files, max_length):
     return out
 
 
-def write_files(directory, block):
-    """Write the sentence-transformers files a conversion record carries into ``directory``
-    (module folders without a config, e.g. ``2_Normalize``, are created empty)."""
-    files = (block or {}).get(BLOCK_KEY)
+def write_files(directory, files):
+    """Write the sentence-transformers ``files`` a conversion record carries
+    (``{relative path: JSON content}``, or None) into ``directory`` (module folders without a config,
+    e.g. ``2_Normalize``, are created empty)."""
     if not files:
         return
     directory = Path(directory)

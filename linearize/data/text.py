@@ -97,7 +97,9 @@ def _label_key(value) -> str:
     return str(value).strip()
 
 
-def _check_column(where, names, column, option):
+def check_column(where, names, column, option):
+    """Refuse a ``column`` that is not among ``names`` (the columns of ``where``), naming ``option``
+    that chooses it."""
     if column not in names:
         raise LinearizeError(f"{where} has no column {column!r} (its columns: "
                              f"{', '.join(map(str, names)) or 'none'}); name the right one with {option}")
@@ -120,11 +122,11 @@ def load_text_files(train_file, validation_file=None, test_file=None, text_colum
         if not any(len(values) for values in columns.values()):
             raise LinearizeError(f"{split} file {path} has no records (a header at most); it needs at least one "
                                  "example")
-        _check_column(f"{split} file {path}", names, text_column, "--text-column")
+        check_column(f"{split} file {path}", names, text_column, "--text-column")
         if text_pair_column:
-            _check_column(f"{split} file {path}", names, text_pair_column, "--text-pair-column")
+            check_column(f"{split} file {path}", names, text_pair_column, "--text-pair-column")
         if split != "test" or label_column in names:
-            _check_column(f"{split} file {path}", names, label_column, "--label-column")
+            check_column(f"{split} file {path}", names, label_column, "--label-column")
         for column in filter(None, (text_column, text_pair_column)):
             if any(value is None for value in columns[column]):
                 row = [value is None for value in columns[column]].index(True) + 1
@@ -151,7 +153,7 @@ def _build(tables, text_keys, label_column, is_regression):
         if raw is None:
             labels = [MISSING_LABEL] * len(columns[text_keys[0]])
         elif is_regression:
-            labels = [_score(value, path, row) for row, value in enumerate(raw, 1)]
+            labels = [numeric_label(value, path, row) for row, value in enumerate(raw, 1)]
         else:
             keys = [_label_key(value) for value in raw]
             unseen = sorted(set(keys) - set(index))
@@ -165,7 +167,8 @@ def _build(tables, text_keys, label_column, is_regression):
     return DatasetDict(out), label_names
 
 
-def _score(value, path, row):
+def numeric_label(value, path, row):
+    """Record ``row``'s label ``value`` (of file ``path``) as a float: a regression label."""
     try:
         score = float(value)
     except (TypeError, ValueError):
@@ -193,10 +196,10 @@ def normalize_text_dataset(data, text_column="text", text_pair_column=None, labe
         out = {}
         for split, ds in data.items():
             names = ds.column_names
-            _check_column(f"split {split!r}", names, text_column, "--text-column")
+            check_column(f"split {split!r}", names, text_column, "--text-column")
             if text_pair_column:
-                _check_column(f"split {split!r}", names, text_pair_column, "--text-pair-column")
-            _check_column(f"split {split!r}", names, label_column, "--label-column")
+                check_column(f"split {split!r}", names, text_pair_column, "--text-pair-column")
+            check_column(f"split {split!r}", names, label_column, "--label-column")
             keep = [c for c in (text_column, text_pair_column, label_column) if c]
             ds = ds.select_columns(keep)
             if label_column != "label":
@@ -206,11 +209,11 @@ def normalize_text_dataset(data, text_column="text", text_pair_column=None, labe
     tables = {}
     for split, ds in data.items():
         names = ds.column_names
-        _check_column(f"split {split!r}", names, text_column, "--text-column")
+        check_column(f"split {split!r}", names, text_column, "--text-column")
         if text_pair_column:
-            _check_column(f"split {split!r}", names, text_pair_column, "--text-pair-column")
+            check_column(f"split {split!r}", names, text_pair_column, "--text-pair-column")
         if split != "test" or label_column in names:
-            _check_column(f"split {split!r}", names, label_column, "--label-column")
+            check_column(f"split {split!r}", names, label_column, "--label-column")
         columns = {c: list(ds[c]) for c in (text_column, text_pair_column, label_column) if c and c in names}
         tables[split] = (f"split {split!r}", columns)
     return _build(tables, tuple(filter(None, (text_column, text_pair_column))), label_column, is_regression)

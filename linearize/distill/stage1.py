@@ -23,15 +23,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from ..attention.core import linear_attention_weights, softmax_attention_weights
 from ..config import DistillConfig  # the stage-1 settings live in linearize.config
 from ..convert.api import feature_maps_of
-from ..training import (Trainer, atomic_torch_save, check_process_count, clear_checkpoint, make_accelerator,
-                        on_main_process)
+from ..report.results import StageResult
+from ..training import Trainer, make_accelerator
 from .blockwise import blockwise_distillation_terms
 from .losses import attention_cross_entropy, attention_entropy, negative_weight_mass, output_mse
 
@@ -171,19 +170,17 @@ def stage1_warning(method, before, after):
             "teacher's attention; try a lower --lr, more epochs, or another method")
 
 
-STATE_FILE = "stage1_state.pt"  # the resumable checkpoint in ``checkpoint_dir``
-
-
 def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=None, checkpoint_dir=None,
             resume=True, accelerator=None, progress=True, log=print):
-    """Run stage 1 on a converted model in place; return a result dict.
+    """Run stage 1 on a converted model in place; its :class:`~linearize.report.StageResult`.
 
     ``train_loader`` yields model input dicts (labels are ignored); under several processes
     every process gets its own share of its batches (``accelerator.prepare``), and a step is one
     optimizer step over ``config.gradient_accumulation_steps`` micro-batches of every process.
     ``eval_loader`` (default: the train loader) gives the per-layer CE/KL before and after.
-    ``checkpoint_dir``: a resumable checkpoint is kept there every ``config.checkpoint_every``
-    steps and at the end, with ``metrics.jsonl`` (one line per step); a run started with the same
+    ``checkpoint_dir``: a resumable checkpoint (the Trainer's format, of the feature maps alone:
+    :mod:`linearize.training.checkpoint`) is kept there every ``config.checkpoint_every`` steps
+    and at the end, with ``metrics.jsonl`` (one line per step); a run started with the same
     folder resumes where the last one stopped (``resume=False``: start afresh, clearing both).
     """
     from accelerate.utils import set_seed
@@ -199,9 +196,9 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     if not params:
         log(f"stage 1 skipped: method {method!r} has no learnable feature-map parameters")
         per_layer = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
-        return {"skipped": True, "reason": f"{method} has no learnable parameters", "method": method,
-                "per_layer_before": per_layer, "per_layer_after": per_layer, "history": [], "steps": 0,
-                "seconds": 0.0, "config": config.to_dict()}
+        return StageResult(skipped=True, reason=f"{method} has no learnable parameters", method=method,
+                           per_layer_before=per_layer, per_layer_after=per_layer, steps=0,
+                           extra={"config": config.to_dict()})
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -209,11 +206,12 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
         p.requires_grad_(True)
     before = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
     trainer = Trainer(accelerator, train_loader, config, loss_name="stage 1: the attention loss")
-    trainer.prepare(torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay))
-    state_path = Path(checkpoint_dir) / STATE_FILE if checkpoint_dir else None
-    step, history, seconds = _resume(trainer, maps, state_path, resume, log)
+    # a checkpoint keeps the feature maps alone: every other weight is frozen
+    trainer.prepare(torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay),
+                    trained=torch.nn.ModuleDict({str(index): fm for index, fm in maps.items()}))
+    step, history, seconds = _resume(trainer, checkpoint_dir, resume, log)
     trainer.begin(step, seconds, "stage 1: attention distillation", progress, checkpoint_dir)
-    step = _train_feature_maps(model, maps, params, trainer, state_path, step, history)
+    step = _train_feature_maps(model, maps, params, trainer, checkpoint_dir, step, history)
     seconds = trainer.seconds
     for p in model.parameters():
         p.requires_grad_(True)
@@ -221,32 +219,27 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     warning = stage1_warning(method, before, after)
     if warning:
         log(f"warning: {warning}")
-    return {"skipped": False, "method": method, "steps": step, "seconds": seconds, "history": history,
-            "per_layer_before": before, "per_layer_after": after, "config": config.to_dict()}
+    return StageResult(method=method, steps=step, seconds=seconds, history=history, per_layer_before=before,
+                       per_layer_after=after, extra={"config": config.to_dict()})
 
 
-def _resume(trainer, maps, state_path, resume, log):
-    """``(step, history, seconds)`` of the stage-1 checkpoint at ``state_path``, whose maps,
-    optimizer and schedule are loaded; ``(0, [], 0.0)`` without one (``resume=False``: the
-    checkpoint and its ``metrics.jsonl`` are deleted first)."""
-    if state_path is not None and not resume:
-        clear_checkpoint(trainer.accelerator, [state_path, state_path.parent / "metrics.jsonl"], log)
-    if state_path is None or not state_path.is_file():
+def _resume(trainer, checkpoint_dir, resume, log):
+    """``(step, history, seconds)`` of the checkpoint in ``checkpoint_dir`` (``None``: none kept),
+    whose feature maps, optimizer and schedule the Trainer restores; ``(0, [], 0.0)`` without one
+    (``resume=False``: the checkpoint and its ``metrics.jsonl`` are deleted first)."""
+    if not resume:
+        trainer.clear_checkpoint(checkpoint_dir, log)
+    saved = trainer.load_checkpoint(checkpoint_dir, log)
+    if saved is None:
         return 0, [], 0.0
-    state = torch.load(state_path, map_location="cpu", weights_only=False)  # copied onto the device by load_state_dict
-    check_process_count(state.get("num_processes"), trainer.accelerator, state_path.parent)
-    for index, fm in maps.items():
-        fm.load_state_dict(state["maps"][index])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    log(f"stage 1 resumed at step {state['step']}/{trainer.total} from {state_path}")
-    return state["step"], state["history"], state["seconds"]
+    log(f"stage 1 resumed at step {saved.step}/{trainer.total} from {checkpoint_dir}")
+    return saved.step, saved.history, saved.seconds
 
 
-def _train_feature_maps(model, maps, params, trainer, state_path, step, history):
+def _train_feature_maps(model, maps, params, trainer, checkpoint_dir, step, history):
     """Stage 1's optimizer steps from ``step`` on (``history`` gains one entry per step), with a
-    checkpoint at ``state_path`` every ``checkpoint_every`` steps and at the end; returns the
-    last step."""
+    checkpoint in ``checkpoint_dir`` (if any) every ``checkpoint_every`` steps and at the end;
+    returns the last step."""
     config, accelerator = trainer.config, trainer.accelerator
     recorder = DistillRecorder(train=True, output_loss_weight=config.output_loss_weight,
                                backward=accelerator.backward, block_size=config.block_size,
@@ -272,20 +265,11 @@ def _train_feature_maps(model, maps, params, trainer, state_path, step, history)
                 info = f"CE {loss:.3f} KL {kl:.3f}" + (f" negative {negative:.4f}" if signed else "")
                 history.append(trainer.record({"step": step, "ce": loss, "kl": kl, "negative_weight_mass": negative},
                                               info))
-                if state_path is not None and (step == trainer.total or config.checkpoint_every
-                                               and step % config.checkpoint_every == 0):
-                    _save_state(state_path, maps, trainer.optimizer, trainer.scheduler, step, history,
-                                trainer.seconds, accelerator)
+                if step == trainer.total or config.checkpoint_every and step % config.checkpoint_every == 0:
+                    trainer.save_checkpoint(checkpoint_dir, step=step, epoch=step // trainer.steps_per_epoch,
+                                            history=history)
                 if step >= trainer.total:
                     break
     trainer.close()
     return step
 
-
-def _save_state(path, maps, optimizer, scheduler, step, history, seconds, accelerator):
-    """Write the stage-1 checkpoint (main process; the others wait) atomically: a killed run
-    leaves the previous checkpoint whole."""
-    on_main_process(atomic_torch_save, {
-        "maps": {i: fm.state_dict() for i, fm in maps.items()}, "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "step": step, "history": history, "seconds": seconds,
-        "num_processes": accelerator.num_processes}, path)

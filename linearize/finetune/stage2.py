@@ -21,15 +21,14 @@ import contextlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..config import FinetuneConfig  # the stage-2 settings live in linearize.config
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
-from ..training import (PROGRESS_FILE, ProgressBar, Trainer, atomic_torch_save, clear_checkpoint,
-                        evaluation_shards, load_accelerator_checkpoint, make_accelerator, on_main_process,
-                        save_accelerator_checkpoint)
+from ..evaluation import evaluate
+from ..report.results import StageResult
+from ..training import Trainer, atomic_torch_save, make_accelerator, on_main_process
 
 
 RECIPES = {
@@ -45,59 +44,9 @@ def recipe(name, **overrides):
     return replace(RECIPES[name], **overrides)
 
 
-def outputs_of(model, inputs, task=None):
-    """What ``task`` scores ``model`` on: an embedding task's pooled sentence embeddings
-    (``TaskSpec.embedding``), else the logits."""
-    if getattr(task, "is_embedding", False):
-        from ..embeddings import embed
-
-        return embed(model, inputs, task.embedding)
-    return model(**inputs).logits
-
-
-@torch.no_grad()
-def predict(model, loader, device=None, max_batches=None, description=None, task=None):
-    """``(logits [N, C], labels [N])`` of ``model`` over ``loader`` (numpy, float32/int); with a
-    ``description``, a progress bar (an embedding ``task``: embeddings [N, D] and the teacher's
-    embeddings as labels). Under several processes each predicts its share of the
-    batches and every process gets all ``N`` predictions, in order and each once
-    (:func:`linearize.training.evaluation_shards`)."""
-    was_training = model.training
-    model.eval()
-    device = device or next(model.parameters()).device
-    all_logits, all_labels = [], []
-    with evaluation_shards(loader) as (shard, gather):
-        total = len(shard) if max_batches is None else min(len(shard), max_batches)
-        bar = ProgressBar(total, 0, description, description is not None)
-        for step, batch in enumerate(shard):
-            if max_batches is not None and step >= max_batches:
-                break
-            labels = batch.get("labels", batch.get("label"))
-            inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "label", "idx")}
-            logits = gather(outputs_of(model, inputs, task))
-            all_logits.append(logits.float().cpu())
-            if labels is not None:
-                all_labels.append(gather(labels.to(device)).cpu())
-            bar.update(step + 1)
-        bar.close()
-    model.train(was_training)
-    logits = torch.cat(all_logits).numpy() if all_logits else np.zeros((0, 0), np.float32)
-    labels = torch.cat(all_labels).numpy() if all_labels else None
-    return logits, labels
-
-
-def evaluate(model, loader, task, device=None, max_batches=None, description=None):
-    """The task's metrics (``linearize.metrics``) of ``model`` on one split (``description``: show
-    a progress bar)."""
-    from ..metrics import compute_metrics
-
-    logits, labels = predict(model, loader, device, max_batches, description, task=task)
-    if labels is None:
-        raise LinearizeError("the evaluation split has no labels")
-    return compute_metrics(task, logits, labels)
-
-
 BEST_FILE = "best.pt"  # the best weights so far (by the dev metric) in ``output_dir``
+#: what a checkpoint keeps of a fine-tuning run beside the trainer's step, epoch, history and time
+RUN_STATE = ("epoch_step", "running", "stale", "best_metric", "best_epoch", "initial_metric")
 
 
 def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
@@ -117,8 +66,10 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     first step (``initial_metrics``: its dev metrics, already measured, reused instead) and is
     the model returned when no epoch scores strictly higher (a tie keeps the earlier candidate;
     early stopping counts from it too).
-    Returns ``{best_metric, best_epoch (0: the initial model), initial_metric (its dev score, or
-    None), primary_metric, dev_metrics, history, epochs_run, steps, seconds, resumed, config}``.
+    Returns a :class:`~linearize.report.StageResult`: ``best_metric``, ``best_epoch`` (0: the
+    initial model), ``initial_metric`` (its dev score, or None), ``history``, ``steps``,
+    ``seconds``, and in ``extra`` ``primary_metric``, ``dev_metrics``, ``epochs_run``,
+    ``resumed`` and ``config``.
     """
     from accelerate.utils import set_seed
 
@@ -130,19 +81,15 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     primary = primary_metric(task)
     output_dir = Path(output_dir)
     best_path = output_dir / BEST_FILE
-    if not resume:
-        clear_checkpoint(accelerator, [output_dir / PROGRESS_FILE, best_path, output_dir / "metrics.jsonl",
-                                       *output_dir.glob("state*"), *output_dir.glob(".state*")], log)
     task_loss = _task_loss(config, task, teacher, accelerator.device)
     for p in model.parameters():
         p.requires_grad_(True)
     trainer = Trainer(accelerator, train_loader, config, loss_name="fine-tuning: the loss",
                       checkpoint_note=f" in {output_dir}")
     model = trainer.prepare(_optimizer(model, config), model)
-    accelerator.register_for_checkpointing(trainer.scheduler)
-    run = _FineTuning(model, trainer, task_loss, output_dir, log)
+    run = _FineTuning(model, trainer, task_loss, output_dir, log, resume)
     description = "  dev evaluation" if progress and accelerator.is_main_process else None
-    if initial_candidate and not run.resumed:  # a resumed run keeps its candidate (progress.json, best.pt)
+    if initial_candidate and not run.resumed:  # a resumed run keeps its candidate (its checkpoint, best.pt)
         with _rng_kept(accelerator.device):  # scoring it leaves the training's random draws as they were
             metrics = initial_metrics or evaluate(accelerator.unwrap_model(model), eval_loader, task,
                                                   accelerator.device, description=description)
@@ -158,11 +105,17 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     if best_path.is_file():
         unwrapped.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True))
     dev = evaluate(unwrapped, eval_loader, task, accelerator.device)
+    return _result(run, trainer.seconds, primary, dev, config)
+
+
+def _result(run, seconds, primary, dev, config):
+    """The :class:`StageResult` of a finished fine-tuning ``run`` (its best model restored, which
+    scores ``dev`` on the dev split)."""
     meta = run.meta
-    return {"best_metric": meta["best_metric"], "best_epoch": meta["best_epoch"],
-            "initial_metric": meta.get("initial_metric"), "primary_metric": primary,
-            "dev_metrics": dev, "history": meta["history"], "epochs_run": meta["epoch"], "steps": meta["step"],
-            "seconds": trainer.seconds, "resumed": run.resumed, "config": config.to_dict()}
+    return StageResult(best_metric=meta["best_metric"], best_epoch=meta["best_epoch"],
+                       initial_metric=meta.get("initial_metric"), history=meta["history"], steps=meta["step"],
+                       seconds=seconds, extra={"primary_metric": primary, "dev_metrics": dev, "epochs_run": meta["epoch"],
+                                               "resumed": run.resumed, "config": config.to_dict()})
 
 
 def _rng_kept(device):
@@ -209,20 +162,25 @@ def _optimizer(model, config):
 
 class _FineTuning:
     """One fine-tuning run between its optimizer steps: the prepared ``model``, its ``trainer``
-    and ``meta``, the run's own resumable progress, saved in ``progress.json`` with every
-    checkpoint (``epoch``: finished epochs; ``epoch_step`` and ``running``: the optimizer steps
-    and their loss sum in the current one; ``stale``: epochs since the dev metric last improved;
-    ``initial_metric``: the dev score of the model before any step when it competes, epoch 0).
-    Built from the checkpoint in ``output_dir`` when there is one (``resumed``)."""
+    and ``meta``, the run's own resumable progress, saved with every checkpoint of the trainer
+    (``step``, ``epoch``: finished epochs, ``history`` and ``seconds`` as its own fields, the rest
+    as its ``extra`` values: ``epoch_step`` and ``running``, the optimizer steps and their loss
+    sum in the current epoch; ``stale``, epochs since the dev metric last improved;
+    ``best_metric`` and ``best_epoch``; ``initial_metric``, the dev score of the model before any
+    step when it competes, epoch 0). Built from the checkpoint in ``output_dir`` when there is
+    one (``resumed``; ``resume=False``: it is deleted first, with the best weights)."""
 
-    def __init__(self, model, trainer, task_loss, output_dir, log):
+    def __init__(self, model, trainer, task_loss, output_dir, log, resume=True):
         self.model, self.trainer, self.task_loss, self.output_dir, self.log = model, trainer, task_loss, output_dir, log
+        if not resume:
+            trainer.clear_checkpoint(output_dir, log, also=[BEST_FILE])
         self.meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
-                     "initial_metric": None, "stale": 0, "history": [], "seconds": 0.0, "state": None}
-        saved = load_accelerator_checkpoint(trainer.accelerator, output_dir)
+                     "initial_metric": None, "stale": 0, "history": [], "seconds": 0.0}
+        saved = trainer.load_checkpoint(output_dir, log)
         self.resumed = saved is not None
         if self.resumed:
-            self.meta.update(saved)
+            self.meta.update(saved.extra, step=saved.step, epoch=saved.epoch, history=saved.history,
+                             seconds=saved.seconds)
             log(f"fine-tuning resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
                 f"from {output_dir}")
 
@@ -294,5 +252,7 @@ class _FineTuning:
                  f" (best {meta['best_metric']:.4f} at epoch {meta['best_epoch']})")
 
     def save(self):
-        self.meta["seconds"] = self.trainer.seconds
-        save_accelerator_checkpoint(self.trainer.accelerator, self.output_dir, self.meta)
+        """Save a checkpoint of the run as it is now (the trainer's, with :data:`RUN_STATE` as its extra values)."""
+        meta = self.meta
+        self.trainer.save_checkpoint(self.output_dir, step=meta["step"], epoch=meta["epoch"], history=meta["history"],
+                                     extra={key: meta[key] for key in RUN_STATE})

@@ -16,15 +16,16 @@ loaders, tokenised once per run), :mod:`.stages` (the run's orchestration), :mod
 finetune / eval` call).
 """
 
-from .artifacts import RunState, comparable, drop_resume_checkpoints, load_saved, recipe_difference, save_model
-from .inputs import TaskData, build_source_model, check_head, load_data, load_processor, make_loaders
-from .measurements import cls_attention, data_hash, environment, latency, latency_batch, luna_channels, scores
+from ..evaluation import scores
+from .artifacts import RunState, comparable, drop_resume_checkpoints, load_saved, save_model
+from .inputs import TaskData, build_source_model, check_head, load_data, load_processor
+from .measurements import cls_attention, data_hash, environment, latency, latency_batch, luna_channels
 from .run_report import build_report, write_run_report
-from .single_stage import distill_model, evaluate_model, finetune_model, load_model_for_task, stage_recipe
+from .single_stage import distill_model, evaluate_model, finetune_model, load_model_for_task, single_stage_config
 from .stages import RunContext, run, run_teacher
 
 __all__ = ["RunContext", "RunState", "TaskData", "build_report", "build_source_model", "check_head",
            "cls_attention", "comparable", "data_hash", "distill_model", "drop_resume_checkpoints", "environment",
            "evaluate_model", "finetune_model", "latency", "latency_batch", "load_data", "load_model_for_task",
-           "load_processor", "load_saved", "luna_channels", "make_loaders", "recipe_difference", "run",
-           "run_teacher", "save_model", "scores", "stage_recipe", "write_run_report"]
+           "load_processor", "load_saved", "luna_channels", "run", "run_teacher", "save_model", "scores",
+           "single_stage_config", "write_run_report"]

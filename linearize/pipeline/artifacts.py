@@ -9,93 +9,61 @@ import os
 import shutil
 from pathlib import Path
 
+from ..config import TEACHER_KEYS, RunConfig, config_difference
 from ..errors import LinearizeError
-from ..io import atomic_dir, atomic_write_json
+from ..report import StageResult
+from ..outputs import atomic_dir, atomic_write_json
 from ..training.trackers import LOGS_DIR
 
 
-TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "seed")  # what a shared teacher must match
+#: the entries of ``state.json`` that are a training stage's result (a :class:`StageResult`)
+STAGE_RESULTS = ("teacher", "stage1", "stage2")
 
 
 class RunState:
-    """``state.json`` of a run folder: which stages are finished, with their results."""
+    """``state.json`` of a run folder: the run's configuration and which stages are finished, with
+    their results (:class:`~linearize.report.StageResult`; ``latency``: a plain dict).
 
-    def __init__(self, out_dir, recipe):
+    ``config`` (a :class:`~linearize.config.RunConfig`): the run about to continue in the folder;
+    a folder holding another configuration is refused in one line (a setting the saved one lacks,
+    written before the setting existed, counts as its default). None: only read the folder."""
+
+    def __init__(self, out_dir, config):
         self.path = Path(out_dir) / "state.json"
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        if recipe is not None and self.data:
-            difference = recipe_difference(self.data.get("recipe") or {}, comparable(recipe))
+        saved = self.data.get("recipe")
+        self.config = RunConfig.from_recipe(saved) if saved else config
+        if config is not None and saved:
+            difference = config_difference(self.config, config)
             if difference is not None:
                 raise LinearizeError(f"{out_dir} holds a run of a different recipe ({difference}); "
-                                     f"{self._refusal_advice(out_dir, comparable(recipe))}")
-            self.data["recipe"] = comparable(recipe)  # keys added since, at their defaults
-        self.data.setdefault("recipe", comparable(recipe))
+                                     f"{self._refusal_advice(out_dir, config)}")
+        if config is not None:
+            self.config = config
+            self.data["recipe"] = comparable(config.to_recipe())  # keys added since, at their defaults
         self.data.setdefault("stages", {})
 
-    def _refusal_advice(self, out_dir, recipe):
+    def _refusal_advice(self, out_dir, config):
         """What to do about a run folder of another recipe: reuse its teacher when it serves."""
-        saved = self.data.get("recipe") or {}
-        if "teacher" in self.data.get("stages", {}) and recipe_difference(
-                {k: saved.get(k) for k in TEACHER_KEYS}, {k: recipe.get(k) for k in TEACHER_KEYS}) is None:
+        if self.done("teacher") and config_difference(self.config, config, TEACHER_KEYS) is None:
             return (f"run into another --out with --teacher-from {out_dir} to reuse its fine-tuned teacher, "
                     "or pass --overwrite to start over")
         return "choose another --out (--teacher-from reuses a finished run's teacher), or pass --overwrite to start over"
 
     def done(self, stage):
-        return stage in self.data["stages"]
+        return stage in self.data.get("stages", {})
 
     def get(self, stage):
-        return self.data["stages"][stage]
+        """A finished stage's :class:`StageResult` (``latency``: its dict)."""
+        entry = self.data["stages"][stage]
+        return StageResult.from_dict(entry) if stage in STAGE_RESULTS else entry
 
     def finish(self, stage, result):
         """Record ``stage``'s ``result`` (every process; the main one writes ``state.json``)."""
         from ..training import on_main_process
 
-        self.data["stages"][stage] = result
+        self.data["stages"][stage] = comparable(result.to_dict() if isinstance(result, StageResult) else result)
         on_main_process(atomic_write_json, self.path, self.data)
-
-
-def recipe_difference(saved, current, defaults=None, path=""):
-    """The first setting in which two resolved recipes differ, as ``"key: saved -> current"``, or
-    None. A key missing from ``saved`` (a run folder written before the key existed) counts as
-    its default (:data:`linearize.recipes.DEFAULTS`); so does a feature-map option missing from
-    the run's ``options`` (the method's own default: ``{}`` and ``{"shared_projections": True}``
-    are the same LUNA)."""
-    from ..recipes import DEFAULTS
-
-    defaults = DEFAULTS if defaults is None else defaults
-    for key in sorted(set(saved) | set(current), key=str):
-        default = defaults.get(key) if isinstance(defaults, dict) else None
-        old, new = saved.get(key, default), current.get(key, default)
-        if key == "options" and not path and isinstance(old, dict) and isinstance(new, dict):
-            found = _options_difference(current.get("method"), old, new)
-        elif isinstance(old, dict) and isinstance(new, dict) and key != "quick":
-            found = recipe_difference(old, new, default if isinstance(default, dict) else {}, f"{path}{key}.")
-        else:
-            found = f"{path}{key}: {old!r} -> {new!r}" if old != new else None
-        if found is not None:
-            return found
-    return None
-
-
-def _options_difference(method, old, new):
-    """The first feature-map option of ``method`` that differs, a missing one at its default."""
-    method_defaults = _option_defaults(method)
-    old, new = {**method_defaults, **old}, {**method_defaults, **new}
-    for option in sorted(set(old) | set(new), key=str):
-        if old.get(option) != new.get(option):
-            return f"options.{option}: {old.get(option)!r} -> {new.get(option)!r}"
-    return None
-
-
-def _option_defaults(method):
-    """``{option: default}`` of ``method`` as a recipe records them, or ``{}`` (no such method)."""
-    from ..attention import method_options
-
-    try:
-        return comparable(method_options(method))
-    except (ValueError, TypeError):
-        return {}
 
 
 def comparable(recipe):

@@ -17,7 +17,7 @@ import torch
 from ..errors import LinearizeError
 
 
-def build_source_model(recipe, spec):
+def build_source_model(config, spec):
     """The softmax starting point: a pretrained checkpoint with the task's head, or (``model:
     {config: ...}``) a model built from a config to be trained from scratch. An image task's
     ``data.image_size`` different from a checkpoint's own resizes its position grid
@@ -29,23 +29,25 @@ def build_source_model(recipe, spec):
     from ..convert.resolution import resize_image_positions
 
     head_kwargs = spec.model_config_kwargs()
-    source = recipe["model"]
+    source, dropout = config.model, config.teacher.attention_dropout
     if isinstance(source, dict):
         config_dict = dict(source.get("config") or {})
         model_type = config_dict.pop("model_type", None)
         if model_type is None:
             raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
-        config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
-        config.update(attention_dropout_kwargs(recipe, config))
-        cls = getattr(transformers, auto_class_for(recipe["head"]))
-        torch.manual_seed(recipe["seed"])
-        return cls.from_config(config), None
-    if recipe["teacher"]["attention_dropout"] is not None:
-        head_kwargs.update(attention_dropout_kwargs(recipe, source_config(source)))
-    model = load_source_model(source, head=recipe["head"], **head_kwargs)
-    if spec.kind == "image" and recipe["data"]["image_size"]:
-        resize_image_positions(model, recipe["data"]["image_size"])
-    return fit_positions(model, recipe, spec), source
+        model_config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
+        model_config.update(attention_dropout_kwargs(dropout, model_config))
+        cls = getattr(transformers, auto_class_for(config.head))
+        torch.manual_seed(config.seed)
+        return cls.from_config(model_config), None
+    if dropout is not None:
+        head_kwargs.update(attention_dropout_kwargs(dropout, source_config(source)))
+    model = load_source_model(source, head=config.head, **head_kwargs)
+    if spec.kind == "image" and config.data.image_size:
+        resize_image_positions(model, config.data.image_size)
+    if spec.kind == "text":
+        fit_positions(model, config.data.max_length, config.position_init, source)
+    return model, source
 
 
 #: the config fields that hold attention-probability dropout (BERT, RoBERTa, ELECTRA, ALBERT, ViT,
@@ -53,11 +55,10 @@ def build_source_model(recipe, spec):
 ATTENTION_DROPOUT_FIELDS = ("attention_probs_dropout_prob", "attention_dropout")
 
 
-def attention_dropout_kwargs(recipe, config):
+def attention_dropout_kwargs(dropout, config):
     """The overrides of ``config``'s attention-dropout field(s) that ``teacher.attention_dropout``
-    asks for (none when it is null, or when ``config`` is None: unreadable, reported by the
-    loading); a one-line error for a model without such a field."""
-    dropout = recipe["teacher"]["attention_dropout"]
+    (``dropout``) asks for (none when it is None, or when ``config`` is None: unreadable, reported
+    by the loading); a one-line error for a model without such a field."""
     if dropout is None or config is None:
         return {}
     fields = [name for name in ATTENTION_DROPOUT_FIELDS if hasattr(config, name)]
@@ -99,64 +100,61 @@ def source_config(source):
         return None
 
 
-def fit_positions(model, recipe, spec):
-    """``model`` made to take ``data.max_length`` tokens, the run's one length rule.
+def fit_positions(model, length, position_init, name):
+    """The text model ``model`` made to take ``length`` (``data.max_length``) tokens, the run's
+    one length rule.
 
     Text is cut to ``data.max_length`` tokens; a model whose learned position table is shorter
     (BERT, RoBERTa, ... : ``linearize.convert.positions``) gets its table extended to that length,
     initialised as ``position_init`` says, before the teacher is fine-tuned, so the teacher and
     the student converted from it both read whole inputs. A model whose positions are not learned
-    must already take that length (a one-line error otherwise)."""
+    must already take that length (a one-line error otherwise); ``name``: the source, for it."""
     from ..convert.positions import POSITION_INITS, extend_positions, max_positions
 
-    length = recipe["data"]["max_length"]
-    if recipe["position_init"] not in POSITION_INITS:
-        raise LinearizeError(f"unknown position_init {recipe['position_init']!r}; valid: "
-                             f"{', '.join(POSITION_INITS)}")
-    if spec.kind != "text":
-        return model
+    if position_init not in POSITION_INITS:
+        raise LinearizeError(f"unknown position_init {position_init!r}; valid: {', '.join(POSITION_INITS)}")
     try:
         current = max_positions(model)
     except LinearizeError:  # no learned table: rotary or fixed positions
         limit = getattr(model.config, "max_position_embeddings", None)
         if limit and length > limit:
             raise LinearizeError(f"data.max_length {length} is longer than the {limit} positions of "
-                                 f"{recipe['model']}, which are not a learned table linearize can extend; set "
+                                 f"{name}, which are not a learned table linearize can extend; set "
                                  f"data.max_length {limit} or less") from None
         return model
     if length > current:
-        extend_positions(model, length, recipe["position_init"])
+        extend_positions(model, length, position_init)
     return model
 
 
-def fit_tokenizer(processor, recipe):
-    """A tokenizer whose ``model_max_length`` is below ``data.max_length`` raised to it: the
-    model's positions follow (:func:`fit_positions`), and the saved tokenizer says so."""
+def fit_tokenizer(processor, max_length):
+    """A tokenizer whose ``model_max_length`` is below ``max_length`` (``data.max_length``) raised
+    to it: the model's positions follow (:func:`fit_positions`), and the saved tokenizer says so."""
     limit = getattr(processor, "model_max_length", None)
-    if limit is not None and recipe["data"]["max_length"] > limit:
-        processor.model_max_length = recipe["data"]["max_length"]
+    if limit is not None and max_length > limit:
+        processor.model_max_length = max_length
     return processor
 
 
-def load_processor(recipe, spec):
-    """Tokenizer (text) or image processor (image) of the source checkpoint, or None; an image
-    processor feeds ``data.image_size`` images when the recipe sets it."""
+def load_processor(model, spec, image_size=None):
+    """Tokenizer (text) or image processor (image) of the source checkpoint ``model``, or None (a
+    model from a config); an image processor feeds ``image_size`` images (``data.image_size``)."""
     from ..convert.resolution import processor_at_size
 
-    processor = _source_processor(recipe, spec)
-    if spec.kind == "image" and processor is not None and recipe["data"]["image_size"]:
-        return processor_at_size(processor, recipe["data"]["image_size"])
+    processor = _source_processor(model, spec)
+    if spec.kind == "image" and processor is not None and image_size:
+        return processor_at_size(processor, image_size)
     return processor
 
 
-def _source_processor(recipe, spec):
+def _source_processor(model, spec):
     import transformers
 
     from ..convert.loading import resolve_model_name
 
-    if isinstance(recipe["model"], dict):
+    if isinstance(model, dict):
         return None
-    source = resolve_model_name(recipe["model"])
+    source = resolve_model_name(model)
     if (Path(source) / "config.json").is_file() and "linearize" in json.loads((Path(source) / "config.json").read_text()):
         from ..convert.api import load_processor as load_saved_processor
 
@@ -166,7 +164,7 @@ def _source_processor(recipe, spec):
         return auto.from_pretrained(source)
     except (OSError, ValueError) as error:
         raise LinearizeError(f"could not load the {'tokenizer' if spec.kind == 'text' else 'image processor'} of "
-                             f"{recipe['model']}: {str(error).splitlines()[0]}") from None
+                             f"{model}: {str(error).splitlines()[0]}") from None
 
 
 def check_head(model, spec, name):
@@ -183,12 +181,13 @@ def check_task_head(model, name):
     """A model fine-tuned or scored on a task needs a classification head (outputs ``logits``)."""
     import transformers
 
-    from ..convert import linearize_config
+    from ..convert import conversion_record
     from ..convert.heads import head_for_class
 
     if not isinstance(model, transformers.PreTrainedModel):
         return
-    architecture = (linearize_config(model) or {}).get("architecture") or type(model).__name__
+    record = conversion_record(model)
+    architecture = (record.architecture if record else None) or type(model).__name__
     head = head_for_class(architecture)
     if head is None or head.pipeline_tag not in ("text-classification", "image-classification"):
         raise LinearizeError(f"{name} is a {architecture}, without a classification head: convert or fine-tune "
@@ -196,32 +195,34 @@ def check_task_head(model, name):
                              "first")
 
 
-def load_data(recipe):
-    """``(DatasetDict, TaskSpec)`` of the recipe's task, cut to ``data.max_train_examples`` /
-    ``data.max_eval_examples`` (a seeded shuffle first); a validation split is required."""
+def load_data(task, data):
+    """``(DatasetDict, TaskSpec)`` of ``task`` as the data section ``data`` (:class:`DataConfig`)
+    says, cut to ``max_train_examples`` / ``max_eval_examples`` (a seeded shuffle first); a
+    validation split is required."""
     from ..data import load_task_data
 
-    d = recipe["data"]
     paths = ("data_dir", "data_file", "train_file", "validation_file", "test_file")
     keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")  # not similarity_file
-    given = {k: os.path.expanduser(d[k]) if k in paths else d[k] for k in keys if d[k] is not None}  # ~/glue
-    data, spec = load_task_data(recipe["task"], seed=d["seed"], **given)
-    for split, limit in (("train", d["max_train_examples"]),):
-        if limit and len(data[split]) > limit:
-            data[split] = data[split].shuffle(seed=d["seed"]).select(range(limit))
-    for split in list(data):
-        if split != "train" and d["max_eval_examples"] and len(data[split]) > d["max_eval_examples"]:
-            data[split] = data[split].shuffle(seed=d["seed"]).select(range(d["max_eval_examples"]))
-    if "validation" not in data or len(data["validation"]) == 0:
-        raise LinearizeError(f"task {recipe['task']!r} has no validation split to select on; set data.dev_fraction")
-    return data, spec
+    given = {k: os.path.expanduser(getattr(data, k)) if k in paths else getattr(data, k)
+             for k in keys if getattr(data, k) is not None}  # ~/glue
+    dataset, spec = load_task_data(task, seed=data.seed, **given)
+    for split in list(dataset):
+        limit = data.max_train_examples if split == "train" else data.max_eval_examples
+        if limit and len(dataset[split]) > limit:
+            dataset[split] = dataset[split].shuffle(seed=data.seed).select(range(limit))
+    if "validation" not in dataset or len(dataset["validation"]) == 0:
+        raise LinearizeError(f"task {task!r} has no validation split to select on; set data.dev_fraction")
+    return dataset, spec
 
 
 @dataclass
 class TaskData:
-    """A run's task data with its processor: loaders for any batch size, the text tokenised once."""
+    """A run's task data with its processor: loaders for any batch size, the text tokenised once.
+    It reads the run's ``data`` and ``eval`` sections (:class:`~linearize.config.DataConfig`,
+    :class:`~linearize.config.EvalConfig`)."""
 
-    recipe: dict
+    data_config: object  # DataConfig
+    eval_config: object  # EvalConfig
     data: object  # DatasetDict
     spec: object  # TaskSpec
     processor: object = None
@@ -229,16 +230,17 @@ class TaskData:
     similarity: object = None  # an embedding task's (first, second, gold) similarity pairs, or None
 
     @classmethod
-    def load(cls, recipe):
-        """The recipe's data (:func:`load_data`) and its source's processor (:func:`load_processor`),
-        a tokenizer's limit raised to ``data.max_length`` (:func:`fit_tokenizer`). An embedding task
-        pools as the source model's sentence-transformers files say (``embeddings.folder_pooling``)
-        and reads ``data.similarity_file``."""
-        data, spec = load_data(recipe)
-        spec, similarity = embedding_inputs(recipe, spec)
-        processor = load_processor(recipe, spec)
-        return cls(recipe, data, spec, fit_tokenizer(processor, recipe) if spec.kind == "text" else processor,
-                   similarity=similarity)
+    def load(cls, config):
+        """The data of the run ``config`` (:func:`load_data`) and its source's processor
+        (:func:`load_processor`), a tokenizer's limit raised to ``data.max_length``
+        (:func:`fit_tokenizer`). An embedding task pools as the source model's sentence-transformers
+        files say (``embeddings.folder_pooling``) and reads ``data.similarity_file``."""
+        data, spec = load_data(config.task, config.data)
+        spec, similarity = embedding_inputs(config.model, spec, config.data.similarity_file)
+        processor = load_processor(config.model, spec, config.data.image_size)
+        if spec.kind == "text":
+            processor = fit_tokenizer(processor, config.data.max_length)
+        return cls(config.data, config.eval, data, spec, processor, similarity=similarity)
 
     def set_targets(self, teacher):
         """An embedding task's targets: the ``teacher``'s sentence embeddings of every split become
@@ -249,12 +251,12 @@ class TaskData:
         from datasets import DatasetDict
 
         from ..data import text_dataloader
-        from ..finetune.stage2 import predict
+        from ..evaluation import predict
 
         targets = {}
         for split, ds in self.tokenized().items():
             ds = ds.remove_columns([c for c in ("label",) if c in ds.column_names])
-            vectors = predict(teacher, text_dataloader(ds, self.processor, self.recipe["eval"]["batch_size"]),
+            vectors = predict(teacher, text_dataloader(ds, self.processor, self.eval_config.batch_size),
                               task=self.spec)[0] if len(ds) else []
             targets[split] = ds.add_column("label", [list(map(float, v)) for v in vectors])
         self._tokenized = DatasetDict(targets)
@@ -264,28 +266,28 @@ class TaskData:
         from datasets import Dataset
 
         from ..data import text_dataloader, tokenize_dataset
-        from ..embeddings import similarity_spearman
-        from ..finetune.stage2 import predict
+        from ..metrics import similarity_spearman
+        from ..evaluation import predict
 
         first, second, gold = self.similarity
         vectors = []
         for sentences in (first, second):
             ds = tokenize_dataset(Dataset.from_dict({"text": sentences}), self.processor, ("text",),
-                                  max_length=self.recipe["data"]["max_length"])
-            vectors.append(predict(model, text_dataloader(ds, self.processor, self.recipe["eval"]["batch_size"]),
+                                  max_length=self.data_config.max_length)
+            vectors.append(predict(model, text_dataloader(ds, self.processor, self.eval_config.batch_size),
                                    task=self.spec)[0])
         return similarity_spearman(*vectors, gold)
 
     def loaders(self, batch_size, seed):
         """``{split: DataLoader}``: ``train`` shuffled with ``seed`` at ``batch_size``, the other
-        splits in order at the recipe's ``eval.batch_size``."""
+        splits in order at ``eval.batch_size``."""
         if self.spec.kind == "image":
             return self._image_loaders(batch_size, seed)
         from ..data import text_dataloaders
 
         return text_dataloaders(self.tokenized(), self.processor, batch_size=batch_size,
-                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed,
-                                group_by_length=self.recipe["data"]["group_by_length"])
+                                eval_batch_size=self.eval_config.batch_size, seed=seed,
+                                group_by_length=self.data_config.group_by_length)
 
     def tokenized(self):
         """Every split tokenised (once: later calls return the same datasets)."""
@@ -295,25 +297,26 @@ class TaskData:
             if self.processor is None:
                 raise LinearizeError(f"task {self.spec.name!r} is text: a tokenizer is needed")
             self._tokenized = tokenize_dataset(self.data, self.processor, self.spec.text_keys,
-                                               max_length=self.recipe["data"]["max_length"])
+                                               max_length=self.data_config.max_length)
         return self._tokenized
 
     def _image_loaders(self, batch_size, seed):
         from ..data import make_dataloaders
 
-        d = self.recipe["data"]
-        extra = {"num_channels": d["num_channels"] or 3, "crop_scale": tuple(d["crop_scale"])}
+        d = self.data_config
+        extra = {"num_channels": d.num_channels or 3, "crop_scale": tuple(d.crop_scale)}
         if self.processor is None:
-            if not d["image_size"]:
+            if not d.image_size:
                 raise LinearizeError("a model trained from scratch needs data.image_size (and image_mean/std)")
-            extra.update(size=d["image_size"], mean=d["image_mean"], std=d["image_std"])
+            extra.update(size=d.image_size, mean=d.image_mean, std=d.image_std)
         return make_dataloaders(self.data, self.spec, image_processor=self.processor, batch_size=batch_size,
-                                eval_batch_size=self.recipe["eval"]["batch_size"], seed=seed, **extra)
+                                eval_batch_size=self.eval_config.batch_size, seed=seed, **extra)
 
 
-def embedding_inputs(recipe, spec):
-    """``(spec, similarity pairs or None)``: an embedding task's spec pooled as the source model is,
-    and its similarity file's pairs; any other task's ``spec`` as it is, and None."""
+def embedding_inputs(model, spec, similarity_file=None):
+    """``(spec, similarity pairs or None)``: an embedding task's spec pooled as the source
+    ``model`` is, and the pairs of ``similarity_file`` (``data.similarity_file``); any other
+    task's ``spec`` as it is, and None."""
     import dataclasses
 
     from ..data.sentences import read_similarity_pairs
@@ -321,14 +324,8 @@ def embedding_inputs(recipe, spec):
 
     if not spec.is_embedding:
         return spec, None
-    if isinstance(recipe["model"], dict):
+    if isinstance(model, dict):
         raise LinearizeError("the embeddings task distils a pretrained encoder's embeddings; set model to a "
                              "checkpoint, not a config")
-    spec = dataclasses.replace(spec, embedding=folder_pooling(recipe["model"]))
-    path = recipe["data"]["similarity_file"]
-    return spec, read_similarity_pairs(os.path.expanduser(path)) if path else None
-
-
-def make_loaders(recipe, data, spec, processor, batch_size, seed):
-    """``{split: DataLoader}`` of ``data`` (tokenising it; a run keeps a :class:`TaskData` instead)."""
-    return TaskData(recipe, data, spec, processor).loaders(batch_size, seed)
+    spec = dataclasses.replace(spec, embedding=folder_pooling(model))
+    return spec, read_similarity_pairs(os.path.expanduser(similarity_file)) if similarity_file else None

@@ -1,4 +1,4 @@
-"""What a run measures beyond training: task scores, forward latency (bench's interleaved timer),
+"""What a run measures beyond training and its task scores (:mod:`linearize.evaluation`): forward latency (bench's interleaved timer),
 the figure data of the feature maps and of CLS attention, the machine it ran on, the data's hash."""
 
 from __future__ import annotations
@@ -14,13 +14,6 @@ import torch
 
 from ..attention import FeatureMap
 from ..convert import convert, feature_maps_of, revert
-from ..finetune import evaluate
-
-
-def scores(model, loaders, spec, splits, progress=False):
-    """The task's metrics on each of ``splits`` (with progress bars if ``progress``)."""
-    return {split: evaluate(model, loaders[split], spec, description=f"  evaluating on {split}" if progress else None)
-            for split in splits if split in loaders}
 
 
 @torch.no_grad()
@@ -44,17 +37,18 @@ def on_device(batch, model):
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def latency_batch(recipe, spec, loader, model=None):
-    """A batch at the run's sequence length (text: ``max_length`` real tokens; image: the
-    loader's image size, its sequence length the patch count + 1 from ``model``'s config)."""
+def latency_batch(config, spec, loader, model=None):
+    """A batch of ``eval.latency_batch_size`` inputs at the run's sequence length (text:
+    ``data.max_length`` real tokens; image: the loader's image size, its sequence length the
+    patch count + 1 from ``model``'s config); ``config``: the run's ``RunConfig``."""
     batch = next(iter(loader))
-    size = recipe["eval"]["latency_batch_size"]
+    size = config.eval.latency_batch_size
     if spec.kind == "image":  # the sequence length is the patch count (+ the class token)
         pixels = batch["pixel_values"][:size]
         patch = getattr(getattr(model, "config", None), "patch_size", None)
         tokens = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1 if patch else pixels.shape[-1]
         return {"pixel_values": pixels}, tokens
-    length = recipe["data"]["max_length"]
+    length = config.data.max_length
     ids = batch["input_ids"][:1]
     ids = ids.repeat(size, (length + ids.shape[1] - 1) // ids.shape[1])[:, :length]
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, length
@@ -124,7 +118,7 @@ def environment():
     import transformers
 
     from .. import __version__, allocator
-    from ..bench import cpu_model
+    from ..machine import cpu_model
 
     cpu = cpu_model()
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,

@@ -8,26 +8,27 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert import linearize_config
-from ..report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, StageResult, TaskInfo, Timing,
-                      copy_report, save_report)
+from ..convert import conversion_record
+from ..report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, TaskInfo, Timing, copy_report,
+                      save_report)
 from .artifacts import comparable
 from .measurements import data_hash, environment
 
 
-def build_report(recipe, spec, data, student, teacher_result, stage1_result, stage2_result, report_split, timing,
-                 seq_len, batch, visuals, total_seconds):
+def build_report(config, task, student, results, report_split, timing, seq_len, batch, visuals, total_seconds):
     """The run's :class:`~linearize.report.Report`, built once: the report files, ``linearize
-    push``'s model card and ``linearize compare``'s table all read this object. The stage results
-    are :class:`~linearize.report.StageResult` or the dicts the stages return."""
-    teacher, stage1, stage2 = (StageResult.from_dict(r) for r in (teacher_result, stage1_result, stage2_result))
+    push``'s model card and ``linearize compare``'s table all read this object. ``config``: the
+    run's :class:`~linearize.config.RunConfig`; ``task``: its ``TaskData``; ``results``: the
+    :class:`~linearize.report.StageResult` of the teacher, stage 1 and stage 2."""
+    teacher, stage1, stage2 = results
+    spec, data = task.spec, task.data
     return Report(
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), recipe=comparable(recipe),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), recipe=comparable(config.to_recipe()),
         task=TaskInfo(name=spec.name, kind=spec.kind, metric_names=tuple(spec.metric_names),
                       primary_metric=spec.primary_metric, selection_split="validation", report_split=report_split,
                       num_examples={split: len(ds) for split, ds in data.items()},
                       embedding=spec.is_embedding or None),
-        model=_model_info(recipe, student),
+        model=_model_info(config.model, student),
         scores={"teacher": teacher.scores, "student_stage1": stage1.scores, "student": stage2.scores},
         attention=_attention(stage1),
         timing=Timing(teacher_seconds=teacher.seconds, stage1_seconds=stage1.seconds, stage2_seconds=stage2.seconds,
@@ -35,20 +36,21 @@ def build_report(recipe, spec, data, student, teacher_result, stage1_result, sta
         latency=Latency(seq_len=seq_len, batch_size=int(next(iter(batch.values())).shape[0]), **timing),
         selection=stage2.selection(spec.primary_metric),
         curves={"teacher": teacher.history, "stage1": stage1.history, "stage2": stage2.history}, visuals=visuals,
-        seeds={"seed": recipe["seed"], "data_seed": recipe["data"]["seed"]}, environment=environment(),
+        seeds={"seed": config.seed, "data_seed": config.data.seed}, environment=environment(),
         data_hash=data_hash(data))
 
 
-def _model_info(recipe, student):
-    """The student's source, method and parameter counts, from its ``linearize`` config block."""
-    block = linearize_config(student) or {}
-    base = block.get("parameters_base") or 0
-    added = block.get("parameters_added") or 0
-    return ModelInfo(source=str(recipe["model"]) if not isinstance(recipe["model"], dict) else "from scratch",
-                     architecture=block.get("architecture"), method=block.get("method"),
-                     options=block.get("options", {}), layers=block.get("layers"),
-                     num_attention_layers=block.get("num_attention_layers"), parameters_base=base,
-                     parameters_added=added, parameters_added_percent=100.0 * added / base if base else 0.0)
+def _model_info(source, student):
+    """The student's source, method and parameter counts, from its conversion record."""
+    source = str(source) if not isinstance(source, dict) else "from scratch"
+    record = conversion_record(student)
+    if record is None:
+        return ModelInfo(source=source, options={}, parameters_base=0, parameters_added=0,
+                         parameters_added_percent=0.0)
+    return ModelInfo(source=source, architecture=record.architecture, method=record.method,
+                     options=dict(record.options), layers=list(record.layers),
+                     num_attention_layers=record.num_attention_layers, parameters_base=record.parameters_base or 0,
+                     parameters_added=record.parameters_added, parameters_added_percent=record.parameters_added_percent)
 
 
 def _attention(stage1):

@@ -7,26 +7,30 @@ import json
 from pathlib import Path
 
 from ..attention.feature_maps import check_method_options
-from ..config import DistillConfig, FinetuneConfig, check_limit, validate_recipe
-from ..convert import convert, feature_maps_of, linearize_config
+import dataclasses
+
+from ..config import DataConfig, EvalConfig, FinetuneConfig, RunConfig, Stage1Config
+from ..convert import conversion_record, convert, feature_maps_of
 from ..distill import distill
 from ..errors import LinearizeError
+from ..evaluation import scores
 from ..finetune import finetune
 from ..training import main_process_first, on_main_process
 from .artifacts import remove_work_dir, save_model
 from .inputs import TaskData, check_head, check_task_head
-from .measurements import scores
 
 
 DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize distill` saves
 
 
-def stage_recipe(model, task, *, data=None, **top):
-    """A recipe dict for a single stage: the defaults with ``model``, ``task`` and ``data`` options."""
-    from ..recipes import DEFAULTS, merge
-
-    data = {k: v for k, v in (data or {}).items() if v is not None}
-    return merge(DEFAULTS, {"name": "stage", "model": model, "task": task, "data": data, **top})
+def single_stage_config(model, task, data=None, eval=None):
+    """The checked :class:`~linearize.config.RunConfig` of a single stage: the defaults with
+    ``model``, ``task`` and the ``data`` / ``eval`` sections (a :class:`DataConfig`, or a dict of
+    its fields; an :class:`EvalConfig`)."""
+    if isinstance(data, dict):
+        data = DataConfig(**{k: v for k, v in data.items() if v is not None})
+    return RunConfig(name="stage", model=model, task=task, data=data or DataConfig(),
+                     eval=eval or EvalConfig()).validate()
 
 
 def load_model_for_task(model, spec, head=None):
@@ -45,54 +49,57 @@ def load_model_for_task(model, spec, head=None):
     return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
 
 
-def _stage_inputs(model, task, data, head=None):
-    """``(task data, model, converted?)`` of a single stage."""
+def _stage_inputs(config, head=None):
+    """``(task data, model, converted?)`` of a single stage's ``config`` (:func:`single_stage_config`)."""
     from .inputs import embedding_inputs, load_data, load_processor
 
-    recipe = validate_recipe(stage_recipe(model, task, data=data))
     with main_process_first():  # several processes: a download (or a cache) is made once
-        loaded, spec = load_data(recipe)
-        spec, similarity = embedding_inputs(recipe, spec)
-        net, converted = load_model_for_task(model, spec, head)
-        processor = load_processor(recipe, spec)
+        loaded, spec = load_data(config.task, config.data)
+        spec, similarity = embedding_inputs(config.model, spec, config.data.similarity_file)
+        net, converted = load_model_for_task(config.model, spec, head)
+        processor = load_processor(config.model, spec, config.data.image_size)
     if converted:
-        check_head(net, spec, model)
-    return TaskData(recipe, loaded, spec, processor, similarity=similarity), net, converted
+        check_head(net, spec, config.model)
+    return TaskData(config.data, config.eval, loaded, spec, processor, similarity=similarity), net, converted
 
 
 def _work_dir(out):
     return Path(out).with_name(Path(out).name + ".work")
 
 
-def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, batch_size=32,
-                  eval_batches=10, data=None, overwrite=False, resume=True, keep_work=False, progress=True,
-                  log=print):
-    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it.
+def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, data=None,
+                  overwrite=False, resume=True, keep_work=False, progress=True, log=print):
+    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it;
+    its :class:`~linearize.report.StageResult`. ``config``: a :class:`Stage1Config` (its batch size
+    and dev batches included; a plain ``DistillConfig`` takes their defaults); ``data``: a
+    :class:`DataConfig`.
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
     (which clears them and starts afresh). After success it is deleted (its ``metrics.jsonl``
     moves into ``out``) unless ``keep_work``."""
-    from ..io import prepare_output_dir
+    from ..outputs import prepare_output_dir
 
-    config = (config or DistillConfig()).check()
-    check_limit("batch_size", batch_size)
-    check_limit("eval_batches", eval_batches)
+    if config is not None and not isinstance(config, Stage1Config):
+        config = Stage1Config(**dataclasses.asdict(config))
+    config = (config or Stage1Config()).check()
     if method is not None:
         check_method_options(method, options or {})
+    run_config = single_stage_config(model, task, data)
     out = prepare_output_dir(out, overwrite=overwrite)
-    task_data, net, converted = _stage_inputs(model, task, data)
+    task_data, net, converted = _stage_inputs(run_config)
     if not converted:
         if method is None:
             raise LinearizeError(f"{model} is not a converted model: pass --method to convert it first")
         convert(net, method, layers=layers, source=str(model), **(options or {}))
     if not any(p.numel() for fm in feature_maps_of(net).values() for p in fm.parameters()):
-        method_name = linearize_config(net)["method"]
+        method_name = conversion_record(net).method
         raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
                              "train; fine-tune it directly with `linearize finetune`")
-    loaders = task_data.loaders(batch_size, config.seed)
-    result = distill(net, loaders["train"], config, eval_loader=loaders["validation"], eval_batches=eval_batches,
-                     checkpoint_dir=_work_dir(out), resume=resume, progress=progress, log=log)
-    on_main_process(save_model, net, task_data.processor, out, {DISTILL_RESULT: result})
+    loaders = task_data.loaders(config.batch_size, config.seed)
+    result = distill(net, loaders["train"], config, eval_loader=loaders["validation"],
+                     eval_batches=config.eval_batches, checkpoint_dir=_work_dir(out), resume=resume,
+                     progress=progress, log=log)
+    on_main_process(save_model, net, task_data.processor, out, {DISTILL_RESULT: result.to_dict()})
     if not keep_work:
         on_main_process(remove_work_dir, _work_dir(out), out)
     return result
@@ -109,12 +116,15 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
     (which clears them and starts afresh). After success it is deleted (its ``metrics.jsonl``
-    moves into ``out``) unless ``keep_work``."""
-    from ..io import prepare_output_dir
+    moves into ``out``) unless ``keep_work``. ``config``: a :class:`FinetuneConfig`; ``data``: a
+    :class:`DataConfig`. Returns the :class:`~linearize.report.StageResult`, with the scores of
+    every labelled non-train split."""
+    from ..outputs import prepare_output_dir
 
     config = (config or FinetuneConfig()).check()
+    run_config = single_stage_config(model, task, data)
     out = prepare_output_dir(out, overwrite=overwrite)
-    task_data, net, converted = _stage_inputs(model, task, data, head)
+    task_data, net, converted = _stage_inputs(run_config, head)
     if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
@@ -130,8 +140,8 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
                       resume=resume, teacher=teacher, progress=progress, log=log,
                       initial_candidate=converted and is_stage1_output(model))
     splits = [s for s in task_data.data if s != "train"]
-    result["scores"] = scores(net, loaders, task_data.spec, splits, progress)
-    on_main_process(save_model, net, task_data.processor, out, {"finetune.json": result})
+    result = result.with_scores(scores(net, loaders, task_data.spec, splits, progress))
+    on_main_process(save_model, net, task_data.processor, out, {"finetune.json": result.to_dict()})
     if not keep_work:
         on_main_process(remove_work_dir, _work_dir(out), out)
     return result
@@ -144,14 +154,14 @@ def is_stage1_output(model):
 
 def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
-    task_data, net, converted = _stage_inputs(model, task, data, head)
+    config = single_stage_config(model, task, data, EvalConfig(batch_size=batch_size))
+    task_data, net, converted = _stage_inputs(config, head)
     if task_data.spec.is_embedding:
         raise LinearizeError("an embedding model is scored against its teacher's embeddings: `linearize run "
                              "minilm-embeddings` (or `linearize finetune --task embeddings --teacher SOURCE`) "
                              "reports them")
     check_task_head(net, model)
     check_head(net, task_data.spec, model)
-    task_data.recipe["eval"]["batch_size"] = batch_size
     loaders = task_data.loaders(batch_size, 0)
     splits = [s for s in task_data.data if s != "train"]
     return {"task": task_data.spec.name, "converted": converted, "primary_metric": task_data.spec.primary_metric,

@@ -7,21 +7,23 @@ then scores the model on the selection and report splits, saves it and records t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import DistillConfig, FinetuneConfig, stage_config, validate_recipe
+from ..config import TEACHER_KEYS, RunConfig, config_difference
 from ..convert import convert
 from ..distill import attention_distances, distill
 from ..errors import LinearizeError
+from ..evaluation import scores
 from ..finetune import finetune
+from ..report import StageResult
 from ..training import has_device, main_process_first, on_main_process
-from .artifacts import (TEACHER_KEYS, RunState, comparable, drop_resume_checkpoints, link_or_copy, load_saved,
-                        recipe_difference, save_model)
+from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_saved, save_model
 from .inputs import TaskData, attention_dropout_warning, build_source_model, check_head
-from .measurements import cls_attention, latency, latency_batch, luna_channels, scores
+from .measurements import cls_attention, latency, latency_batch, luna_channels
 from .run_report import build_report, write_run_report
 
 STAGES = ("teacher", "stage1", "stage2")
@@ -30,10 +32,10 @@ STAGE_DIRS = {"teacher": "teacher", "stage1": "stage1", "stage2": "model"}
 
 @dataclass
 class RunContext:
-    """What every step of one run reads: the recipe, its folder and state, the task data (tokenised
-    once) and the evaluation loaders every stage is scored with."""
+    """What every step of one run reads: its configuration, its folder and state, the task data
+    (tokenised once) and the evaluation loaders every stage is scored with."""
 
-    recipe: dict
+    config: RunConfig
     out_dir: Path
     state: RunState
     task: TaskData
@@ -44,13 +46,9 @@ class RunContext:
     started: float
     report_to: str = "none"  # experiment trackers of every training stage (not part of the recipe)
 
-    @property
-    def seed(self):
-        return self.recipe["seed"]
-
     def train_loader(self, batch_size):
         """A fresh shuffled train loader (its own seeded generator) at a stage's batch size."""
-        return self.task.loaders(batch_size, self.seed)["train"]
+        return self.task.loaders(batch_size, self.config.seed)["train"]
 
     def score(self, model):
         """``{split: metrics}`` on the selection split and the report split (an embedding task with
@@ -62,23 +60,25 @@ class RunContext:
         return result
 
     def finish(self, stage, model, result):
-        """Score ``model``, save it into the stage's folder, record ``result`` and drop its checkpoints."""
+        """Score ``model``, save it into the stage's folder, record ``result`` (a
+        :class:`StageResult`) with its scores and drop the stage's checkpoints."""
         model.eval()
-        result["scores"] = self.score(model)
+        result = result.with_scores(self.score(model))
         on_main_process(save_model, model, self.task.processor, self.out_dir / STAGE_DIRS[stage])
-        self.state.finish(stage, comparable(result))
+        self.state.finish(stage, result)
         on_main_process(drop_resume_checkpoints, self.out_dir / "work" / stage)
         return result
 
 
-def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, report_to="none"):
-    """Run the whole pipeline of ``recipe`` (a dict from ``load_recipe``) into ``out_dir``.
+def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, report_to="none"):
+    """Run the whole pipeline of ``config`` (a checked :class:`~linearize.config.RunConfig`, as
+    ``recipes.load_recipe`` returns it) into ``out_dir``; the :class:`~linearize.report.Report`.
 
     ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
     is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
     ``report_to``: experiment trackers for every training stage (``linearize.training.trackers``).
     """
-    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
+    ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
     if teacher_from is not None and not ctx.state.done("teacher"):
         share_teacher(ctx, teacher_from)
     reused = [stage for stage in STAGES if ctx.state.done(stage)]
@@ -91,47 +91,46 @@ def run(recipe, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     visuals = figure_data(ctx, teacher, student)
     log("[6/6] writing the report")
     # total: this call's wall time plus the stages it reused from earlier calls (or a shared teacher)
-    total = time.perf_counter() - ctx.started + sum(ctx.state.get(stage).get("seconds", 0.0) for stage in reused)
-    report = build_report(ctx.recipe, ctx.task.spec, ctx.task.data, student, teacher_result, stage1_result,
-                          stage2_result, ctx.report_split, timing, seq_len, batch, visuals, total)
+    total = time.perf_counter() - ctx.started + sum(ctx.state.get(stage).seconds for stage in reused)
+    report = build_report(ctx.config, ctx.task, student, (teacher_result, stage1_result, stage2_result),
+                          ctx.report_split, timing, seq_len, batch, visuals, total)
     return on_main_process(write_run_report, report, out_dir)  # every process returns the written report
 
 
-def run_teacher(recipe, out_dir, *, overwrite=False, progress=True, log=print):
-    """The teacher stage of ``recipe`` alone, as :func:`run` makes it (fine-tuned, scored on the
-    selection and report splits, saved into ``out_dir/teacher``, resumable); its result, with
-    ``scores``. A baseline that is only a softmax model: e.g. the teacher cut at 512 tokens beside
-    a long-input run (docs/experiments/long-reviews)."""
-    ctx = start_run(recipe, out_dir, overwrite=overwrite, progress=progress, log=log)
+def run_teacher(config, out_dir, *, overwrite=False, progress=True, log=print):
+    """The teacher stage of ``config`` alone, as :func:`run` makes it (fine-tuned, scored on the
+    selection and report splits, saved into ``out_dir/teacher``, resumable); ``(its
+    StageResult, the report split)``. A baseline that is only a softmax model: e.g. the teacher
+    cut at 512 tokens beside a long-input run (docs/experiments/long-reviews)."""
+    ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log)
     teacher_stage(ctx)
-    return dict(ctx.state.get("teacher"), report_split=ctx.report_split)
+    return ctx.state.get("teacher"), ctx.report_split
 
 
-def start_run(recipe, out_dir, *, overwrite, progress, log, report_to="none"):
-    """Check the whole recipe, prepare the run folder (checking a resumed one holds the same
-    recipe), seed everything, load the data and the evaluation loaders: every input is checked
-    before any stage runs."""
+def start_run(config, out_dir, *, overwrite, progress, log, report_to="none"):
+    """Prepare the run folder (checking a resumed one holds the same configuration), seed
+    everything, load the data and the evaluation loaders: every input is checked before any
+    stage runs (the configuration itself was checked when it was loaded)."""
     from accelerate.utils import set_seed
 
-    from ..io import check_output_path
-    from ..recipes import options_for
+    from ..attention.feature_maps import options_for
+    from ..outputs import check_output_path
 
-    validate_recipe(recipe)
     # the run keeps (and compares with its folder) the options its own method is converted with
-    recipe = dict(recipe, options=options_for(recipe["method"], recipe["options"]))
+    config = dataclasses.replace(config, options=options_for(config.method, config.options))
     out_dir = check_output_path(out_dir)
     on_main_process(_make_run_folder, out_dir, overwrite)
-    state = RunState(out_dir, recipe)
-    set_seed(recipe["seed"])
+    state = RunState(out_dir, config)
+    set_seed(config.seed)
     started = time.perf_counter()
-    log(f"[1/6] data: {recipe['task']}")
+    log(f"[1/6] data: {config.task}")
     with main_process_first():  # several processes: a download (or a cache) is made once
-        task = TaskData.load(recipe)
+        task = TaskData.load(config)
     if task.spec.is_embedding:  # the teacher is the encoder as it is: its embeddings are the target
-        recipe = dict(recipe, head="base", teacher=dict(recipe["teacher"], finetune=False))
+        config = dataclasses.replace(config, head="base", teacher=dataclasses.replace(config.teacher, finetune=False))
     report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
-    eval_loaders = task.loaders(recipe["eval"]["batch_size"], recipe["seed"])
-    return RunContext(recipe, out_dir, state, task, eval_loaders, report_split, progress, log, started, report_to)
+    eval_loaders = task.loaders(config.eval.batch_size, config.seed)
+    return RunContext(config, out_dir, state, task, eval_loaders, report_split, progress, log, started, report_to)
 
 
 def _make_run_folder(out_dir, overwrite):
@@ -149,10 +148,7 @@ def share_teacher(ctx, teacher_from):
     shared = RunState(teacher_from, None)
     if not shared.done("teacher"):
         raise LinearizeError(f"{teacher_from} has no finished teacher to share")
-    theirs, ours = shared.data.get("recipe") or {}, comparable(ctx.recipe)
-    # a key the shared run's recipe lacks (made before the key existed) counts as its default
-    difference = recipe_difference({k: theirs[k] for k in TEACHER_KEYS if k in theirs},
-                                   {k: ours.get(k) for k in TEACHER_KEYS})
+    difference = config_difference(shared.config, ctx.config, TEACHER_KEYS)
     if difference is not None:
         raise LinearizeError(f"{teacher_from}'s teacher was made with another recipe ({difference}); match it, "
                              "or drop --teacher-from (--teachers-from), or compare into another --out")
@@ -172,53 +168,52 @@ def teacher_stage(ctx):
     teacher.eval()
     if ctx.task.spec.is_embedding:  # the teacher's embeddings: the target and the reference of every score
         ctx.task.set_targets(teacher)
-        ctx.eval_loaders = ctx.task.loaders(ctx.recipe["eval"]["batch_size"], ctx.seed)
+        ctx.eval_loaders = ctx.task.loaders(ctx.config.eval.batch_size, ctx.config.seed)
     if not done:
-        ctx.finish("teacher", teacher, result)
+        result = ctx.finish("teacher", teacher, result)
     return teacher, result
 
 
 def _make_teacher(ctx):
     from ..convert.api import check_convertible
 
-    recipe, spec = ctx.recipe, ctx.task.spec
-    teacher, source = build_source_model(recipe, spec)
+    config, spec = ctx.config, ctx.task.spec
+    teacher, source = build_source_model(config, spec)
     # the student's conversion is checked now, not after the teacher's fine-tuning
-    check_convertible(teacher, recipe["method"], layers=recipe["layers"], **recipe["options"])
-    if not recipe["teacher"]["finetune"]:
+    check_convertible(teacher, config.method, layers=config.layers, **config.options)
+    if not config.teacher.finetune:
         ctx.log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
-        check_head(teacher, spec, recipe["model"])
-        return teacher, {"seconds": 0.0, "history": [], "finetuned": False}
-    ctx.log(f"[2/6] teacher: fine-tuning softmax {recipe['model'] if source else 'model from scratch'}")
-    warning = attention_dropout_warning(teacher, recipe["data"]["max_length"], has_device())
+        check_head(teacher, spec, config.model)
+        return teacher, StageResult(finetuned=False)
+    ctx.log(f"[2/6] teacher: fine-tuning softmax {config.model if source else 'model from scratch'}")
+    warning = attention_dropout_warning(teacher, config.data.max_length, has_device())
     if warning:
         ctx.log(f"warning: {warning}")
-    cfg = stage_config(FinetuneConfig, recipe["teacher"], seed=ctx.seed, report_to=ctx.report_to)
-    result = finetune(teacher, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], spec,
-                      ctx.out_dir / "work" / "teacher", config=cfg, progress=ctx.progress, log=ctx.log)
-    result["finetuned"] = True
-    return teacher, result
+    settings = config.stage("teacher", ctx.report_to)
+    result = finetune(teacher, ctx.train_loader(settings.batch_size), ctx.eval_loaders["validation"], spec,
+                      ctx.out_dir / "work" / "teacher", config=settings, progress=ctx.progress, log=ctx.log)
+    return teacher, dataclasses.replace(result, finetuned=True)
 
 
 def stage1(ctx, teacher):
-    """A copy of the teacher converted to the recipe's method, its feature maps distilled against
+    """A copy of the teacher converted to the run's method, its feature maps distilled against
     the teacher's attention (or, with ``stage1.enabled: false``, only measured)."""
     if ctx.state.done("stage1"):
         ctx.log("[3/6] stage 1: reusing the distilled student")
         return load_saved(ctx.out_dir / "stage1", converted=True), ctx.state.get("stage1")
-    recipe, s1 = ctx.recipe, ctx.recipe["stage1"]
-    ctx.log(f"[3/6] convert to {recipe['method']}; stage 1: attention distillation")
+    config, settings = ctx.config, ctx.config.stage("stage1", ctx.report_to)
+    ctx.log(f"[3/6] convert to {config.method}; stage 1: attention distillation")
     student = copy.deepcopy(teacher)
-    convert(student, recipe["method"], layers=recipe["layers"], source=str(recipe["model"]), **recipe["options"])
-    if s1["enabled"]:
-        result = distill(student, ctx.train_loader(s1["batch_size"]), stage_config(DistillConfig, s1, seed=ctx.seed, report_to=ctx.report_to),
-                         eval_loader=ctx.eval_loaders["validation"], eval_batches=s1["eval_batches"],
+    convert(student, config.method, layers=config.layers, source=str(config.model), **config.options)
+    if settings.enabled:
+        result = distill(student, ctx.train_loader(settings.batch_size), settings,
+                         eval_loader=ctx.eval_loaders["validation"], eval_batches=settings.eval_batches,
                          checkpoint_dir=ctx.out_dir / "work" / "stage1", progress=ctx.progress, log=ctx.log)
     else:
-        per_layer = attention_distances(student, ctx.eval_loaders["validation"], s1["eval_batches"],
-                                        block_size=s1["block_size"])
-        result = {"skipped": True, "reason": "stage1.enabled is false", "per_layer_before": per_layer,
-                  "per_layer_after": per_layer, "history": [], "seconds": 0.0, "steps": 0}
+        per_layer = attention_distances(student, ctx.eval_loaders["validation"], settings.eval_batches,
+                                        block_size=settings.block_size)
+        result = StageResult(skipped=True, reason="stage1.enabled is false", per_layer_before=per_layer,
+                             per_layer_after=per_layer, steps=0)
     return student, ctx.finish("stage1", student, result)
 
 
@@ -231,28 +226,28 @@ def stage2(ctx, teacher, student, stage1_result):
     if ctx.state.done("stage2"):
         ctx.log("[4/6] stage 2: reusing the fine-tuned student")
         return load_saved(ctx.out_dir / "model", converted=True), ctx.state.get("stage2")
-    if not ctx.recipe["stage2"]["enabled"]:
-        result = {"skipped": True, "seconds": 0.0, "history": [], "scores": stage1_result["scores"]}
+    settings = ctx.config.stage("stage2", ctx.report_to)
+    if not settings.enabled:
+        result = StageResult(skipped=True, scores=stage1_result.scores)
         on_main_process(save_model, student, ctx.task.processor, ctx.out_dir / "model")
         ctx.state.finish("stage2", result)
         return student, result
     ctx.log("[4/6] stage 2: fine-tuning the student")
-    cfg = stage_config(FinetuneConfig, ctx.recipe["stage2"], seed=ctx.seed, report_to=ctx.report_to)
-    stage1_ran = not stage1_result.get("skipped")
-    result = finetune(student, ctx.train_loader(cfg.batch_size), ctx.eval_loaders["validation"], ctx.task.spec,
-                      ctx.out_dir / "work" / "stage2", config=cfg, teacher=teacher, progress=ctx.progress, log=ctx.log,
-                      initial_candidate=stage1_ran, initial_metrics=stage1_result["scores"]["validation"])
+    result = finetune(student, ctx.train_loader(settings.batch_size), ctx.eval_loaders["validation"], ctx.task.spec,
+                      ctx.out_dir / "work" / "stage2", config=settings, teacher=teacher, progress=ctx.progress,
+                      log=ctx.log, initial_candidate=not stage1_result.skipped,
+                      initial_metrics=stage1_result.scores["validation"])
     return student, ctx.finish("stage2", student, result)
 
 
 def measure_latency(ctx, teacher, student):
     """Teacher and student forward latency on a batch at the run's sequence length, measured once:
     a resumed run keeps the figure of the run that made the model."""
-    batch, seq_len = latency_batch(ctx.recipe, ctx.task.spec, ctx.eval_loaders[ctx.report_split], teacher)
+    batch, seq_len = latency_batch(ctx.config, ctx.task.spec, ctx.eval_loaders[ctx.report_split], teacher)
     if not ctx.state.done("latency"):
         # timed on the main process alone (the others wait: they would share its cores)
         ctx.state.finish("latency", on_main_process(latency, teacher, student, batch,
-                                                    ctx.recipe["eval"]["latency_repeats"]))
+                                                    ctx.config.eval.latency_repeats))
     return ctx.state.get("latency"), seq_len, batch
 
 
@@ -260,4 +255,4 @@ def figure_data(ctx, teacher, student):
     """The report's figure data: the feature maps' probes and CLS attention of teacher and student."""
     return {"luna_channels": luna_channels(student, ctx.eval_loaders["validation"]),
             "cls_attention": cls_attention(teacher, student, ctx.eval_loaders[ctx.report_split], ctx.task.spec,
-                                           ctx.task.processor, ctx.recipe["eval"]["examples"])}
+                                           ctx.task.processor, ctx.config.eval.examples)}

@@ -1,21 +1,19 @@
 """Recipes: YAML files that fix every choice of a `linearize run`.
 
 ``load_recipe(name_or_path, overrides)`` reads ``linearize/recipes/<name>.yaml`` (or a YAML
-file path), applies ``--quick`` and ``--set key.sub=value`` overrides, and checks every key
-against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones). Every key, its
+file path), applies ``--quick`` and ``--set key.sub=value`` overrides, checks every key
+against :data:`DEFAULTS` (an unknown key is an error that lists the valid ones) and returns the
+checked :class:`~linearize.config.RunConfig`. Every key, its
 default and its help are defined once, in :mod:`linearize.config`.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
-import re
 from pathlib import Path
 
 import yaml
 
-from ..config import recipe_defaults
+from ..config import merge, recipe_defaults, yaml_number  # noqa: F401  (merge: part of this module's API)
 from ..errors import LinearizeError
 
 RECIPE_DIR = Path(__file__).parent
@@ -27,58 +25,6 @@ DEFAULTS = recipe_defaults()
 
 def list_recipes():
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
-
-
-def merge(base, update, path=""):
-    """``base`` updated by the nested dict ``update``; an unknown key is an error naming the closest."""
-    out = copy.deepcopy(base)
-    for key, value in (update or {}).items():
-        where = f"{path}{key}"
-        if key not in base:
-            close = difflib.get_close_matches(str(key), list(base), n=1)
-            hint = f"did you mean {path + close[0]!r}? " if close else ""
-            raise LinearizeError(f"unknown recipe key {where!r}; {hint}valid keys{' in ' + path[:-1] if path else ''}: "
-                                 f"{', '.join(base)}")
-        if key == "options" and isinstance(base[key], dict) and isinstance(value, dict):
-            out[key] = _merge_free(base[key], value)  # checked against the method when it is built
-        elif isinstance(base[key], dict) and key not in ("options", "quick") and base[key] is not None:
-            if not isinstance(value, dict):
-                raise LinearizeError(f"recipe key {where!r} must be a mapping")
-            out[key] = merge(base[key], value, f"{where}.")
-        else:
-            out[key] = _number_or_value(copy.deepcopy(value))
-    return out
-
-
-def _merge_free(base, update):
-    """``base`` updated by ``update``, nested dicts merged, no key checks (feature-map options)."""
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        if isinstance(out.get(key), dict) and isinstance(value, dict):
-            out[key] = _merge_free(out[key], value)
-        else:
-            out[key] = _number_or_value(copy.deepcopy(value))
-    return out
-
-
-def options_for(method, options):
-    """The feature-map options a run converts ``method`` with.
-
-    A key of the recipe's ``options`` that names a method holds that method's own options, so one
-    recipe serves every method of a ``linearize compare`` (``options: {luna: {projections: 16}}``
-    gives LUNA M = 16 and Hedgehog its defaults); the other keys apply to whichever method is
-    converted and win over the method's block (``--set options.projections=32``).
-    """
-    from ..attention import methods
-
-    named = set(methods())
-    own = (options or {}).get(method) or {}
-    if not isinstance(own, dict):
-        raise LinearizeError(f"recipe key 'options.{method}' must be a mapping of {method}'s options, "
-                             "e.g. options.luna.projections=16")
-    chosen = dict(own)
-    chosen.update({k: v for k, v in (options or {}).items() if k not in named})
-    return chosen
 
 
 def parse_options(pairs, example="--option projections=16"):
@@ -114,17 +60,14 @@ def _scalar(text):
     (here and in recipe files)."""
     if not text.strip():
         return None
-    return _number_or_value(yaml.safe_load(text))
-
-
-def _number_or_value(value):
-    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()):
-        return float(value)
-    return value
+    return yaml_number(yaml.safe_load(text))
 
 
 def load_recipe(name_or_path=None, *, overrides=None, quick=False):
-    """The resolved recipe dict (defaults ← YAML ← quick ← overrides)."""
+    """The checked :class:`~linearize.config.RunConfig` of a recipe (defaults ← YAML ← quick ←
+    overrides): checked once, here, before anything runs (``RunConfig.validate``)."""
+    from ..config import RunConfig
+
     name_or_path = name_or_path or DEFAULT_RECIPE
     path = Path(name_or_path)
     if not path.suffix:
@@ -142,8 +85,7 @@ def load_recipe(name_or_path=None, *, overrides=None, quick=False):
     if quick:
         recipe = merge(recipe, recipe.get("quick") or {})
     recipe = merge(recipe, overrides or {})
-    recipe["quick_mode"] = bool(quick)
     for key in ("model", "task"):
         if not recipe[key]:
             raise LinearizeError(f"recipe {recipe['name']!r} sets no {key!r}")
-    return recipe
+    return RunConfig.from_recipe({**recipe, "quick_mode": bool(quick)}).validate()

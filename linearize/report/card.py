@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 
 from ..attention.feature_maps import method_notes
-from ..convert.config_block import decode_block
-from ..convert.sentence_transformers import BLOCK_KEY as ST_BLOCK_KEY
 from ..convert.heads import head_for_class
+from ..convert.record import ConversionRecord
 from ..errors import LinearizeError
+from ..markdown import markdown_table
 from .markdown import selection_note
 from .results import REPORT_JSON, as_report
 
@@ -147,12 +147,19 @@ def _auto_class(config, architecture):
     return None
 
 
-def usage_snippet(repo_id, config, block, files):
-    """Python code that downloads and runs the model (``trust_remote_code=True``)."""
-    architecture = block.get("architecture") or ""
-    if block.get(ST_BLOCK_KEY):  # a sentence-transformers model: how most people use it
+def conversion_record_of(config):
+    """The :class:`ConversionRecord` of a config.json's content; a config without one reads as a
+    conversion of unknown method (the card still renders)."""
+    return ConversionRecord.from_config(config) or ConversionRecord(method="unknown")
+
+
+def usage_snippet(repo_id, config, record, files):
+    """Python code that downloads and runs the model (``trust_remote_code=True``); ``record``: its
+    :class:`ConversionRecord`."""
+    architecture = record.architecture or ""
+    if record.sentence_transformers_files:  # a sentence-transformers model: how most people use it
         return _sentence_transformers_snippet(repo_id)
-    if block.get("base_model_type") == "timm":
+    if record.is_timm:
         return _timm_snippet(repo_id)
     auto = _auto_class(config, architecture)
     if auto is None:  # a head no Auto class maps to (DeiT's with-teacher head): load the encoder
@@ -257,15 +264,14 @@ def card_data(repo_id, config, report=None):
     """The card's ``ModelCardData`` (the README's YAML metadata)."""
     from huggingface_hub import ModelCardData
 
-    block = decode_block(config.get("linearize")) or {}
-    hub_id, license_ = source_info(block.get("source"))
-    pipeline_tag, task_display = head_of(block.get("architecture") or "", block.get("base_model_type"), config)
+    record = conversion_record_of(config)
+    hub_id, license_ = source_info(record.source)
+    pipeline_tag, task_display = head_of(record.architecture or "", record.base_model_type, config)
     dataset = dataset_of(report.task.name) if report else None
     results = eval_results(report, pipeline_tag, task_display, dataset) if report else []
-    return ModelCardData(license=license_, library_name=None if block.get("base_model_type") == "timm" else
-                         "transformers", base_model=hub_id,
-                         tags=["linear-attention", block.get("method", "unknown"), "linearize"] +
-                         (["sentence-transformers"] if block.get(ST_BLOCK_KEY) else []),
+    return ModelCardData(license=license_, library_name=None if record.is_timm else "transformers",
+                         base_model=hub_id, tags=["linear-attention", record.method, "linearize"] +
+                         (["sentence-transformers"] if record.sentence_transformers_files else []),
                          datasets=[dataset[0]] if dataset and dataset[0] else None, pipeline_tag=pipeline_tag,
                          model_name=repo_id.split("/")[-1] if results else None, eval_results=results or None)
 
@@ -292,12 +298,12 @@ def _recovery_section(report, figures):
                       "percentage of the teacher's.", ""]
         header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
                  ["Linear student", "Recovery"]
-        lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        rows = []
         for metric in names:
             rec = recovery.per_metric.get(metric)
             cells = [metric, _fmt(teacher.get(metric))] + ([_fmt(stage1.get(metric))] if stage1 else [])
-            cells += [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"]
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells + [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"])
+        lines.append(markdown_table(header, rows, align=["none"] + ["---:"] * (len(header) - 1)))
         if recovery.average is not None:
             what = f"Recovery ({report.primary_metric})" if report.task.embedding else "Average recovery"
             lines += ["", f"{what}: **{recovery.average:.1f} %**."]
@@ -324,19 +330,19 @@ def _recovery_section(report, figures):
     return lines + [f"The full report is in [`{REPORT_JSON}`]({REPORT_JSON}).", ""]
 
 
-def _about(repo_id, block, report):
+def _about(repo_id, record, report):
     """The title, what the model is, and the method's paragraph."""
-    method, source = block.get("method", "unknown"), block.get("source")
+    method, source = record.method, record.source
     hub_id, _ = source_info(source)
-    architecture = block.get("architecture") or ""
-    layers = list(block.get("layers") or [])
-    total = block.get("num_attention_layers") or len(layers)
-    added, base = block.get("parameters_added", 0) or 0, block.get("parameters_base", 0) or 0
+    architecture = record.architecture or ""
+    layers = list(record.layers)
+    total = record.num_attention_layers or len(layers)
+    added, base = record.parameters_added or 0, record.parameters_base or 0
     source_text = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id else (f"`{source}`" if source else
                                                                                  "a pretrained encoder")
     scope = ("every attention layer" if total and len(layers) == total
              else f"attention layers {layers} of {total} (the others keep softmax attention)")
-    options = block.get("options") or {}
+    options = record.options
     lines = [f"# {repo_id.split('/')[-1]}", "",
              f"{source_text} ({architecture or 'encoder'}) with its softmax self-attention replaced by "
              f"**{method}** linear attention in {scope}, converted with linearize.", "",
@@ -344,7 +350,7 @@ def _about(repo_id, block, report):
                                         if options else " (default options)")]
     if base:
         lines.append(f"- Parameters: {base:,} pretrained + {added:,} added by the feature maps "
-                     f"({100.0 * added / base:.3f} %)")
+                     f"({record.parameters_added_percent:.3f} %)")
     if report and report.task.name:
         dataset = dataset_of(report.task.name)
         lines.append(f"- Task: {dataset[2] if dataset else report.task.name}")
@@ -356,24 +362,25 @@ def _about(repo_id, block, report):
     return lines
 
 
-def _usage(repo_id, config, block, files):
+def _usage(repo_id, config, record, files):
+    """The usage section: how to load the model, and a snippet that runs it."""
     lines = ["## Usage", ""]
-    if block.get("base_model_type") == "timm":
+    if record.is_timm:
         lines += ["This is a converted timm Vision Transformer; it loads through linearize.", ""]
     else:
         lines += ["The linear attention lives in `modeling_linearize.py`, which is self-contained (torch and "
                   "transformers only): load the model with `trust_remote_code=True`; linearize itself is not "
                   "needed.", ""]
-    return lines + ["```python", usage_snippet(repo_id, config, block, set(files)), "```", ""]
+    return lines + ["```python", usage_snippet(repo_id, config, record, set(files)), "```", ""]
 
 
 def _speed_section(speed):
-    """The measured crossover against softmax (``linearize bench --model DIR``'s ``bench.json``)."""
-    from ..model_bench import FOLDER_BENCH_JSON, folder_speed_lines
+    """The measured crossover against softmax (``linearize bench folder DIR``'s ``bench.json``)."""
+    from ..bench import FOLDER_BENCH_JSON, folder_speed_lines
 
     lines = folder_speed_lines(speed)
     return ["## Speed", "",
-            f"Measured with `linearize bench --model DIR` (float32, whole model forward, medians; the full "
+            f"Measured with `linearize bench folder DIR` (float32, whole model forward, medians; the full "
             f"record is [`{FOLDER_BENCH_JSON}`]({FOLDER_BENCH_JSON})). Speed depends on the machine: this is "
             "the machine it was measured on.", "",
             f"- Crossover: {lines['crossover']}.", f"- Time ÷ softmax time: {lines['time ÷ softmax']}.",
@@ -393,8 +400,8 @@ def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     from huggingface_hub import ModelCard
 
     report = as_report(report) if report is not None else None
-    block = decode_block(config.get("linearize")) or {}
-    lines = _about(repo_id, block, report)
+    record = conversion_record_of(config)
+    lines = _about(repo_id, record, report)
     if report:
         if report.task.embedding:
             lines += ["The softmax teacher (the source model as it is) trained this student without labels, in two "
@@ -410,7 +417,7 @@ def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
         lines += ["## Recovery", "", "This model was pushed without a recovery report.", ""]
     if speed:
         lines += _speed_section(speed)
-    lines += _usage(repo_id, config, block, files)
+    lines += _usage(repo_id, config, record, files)
     if report and report.recipe:
         lines += ["## Training recipe", "", "```yaml",
                   yaml.safe_dump(report.recipe, sort_keys=False, allow_unicode=True).rstrip(), "```", ""]

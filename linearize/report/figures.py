@@ -46,8 +46,8 @@ def _new_figure(width, height):
 
 
 def _save_figure(fig, path):
-    """Save through a temporary file beside ``path`` (``io.atomic_path``): never a half-written PNG."""
-    from ..io import atomic_path
+    """Save through a temporary file beside ``path`` (``outputs.atomic_path``): never a half-written PNG."""
+    from ..outputs import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=fig.dpi, facecolor="white")

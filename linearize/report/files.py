@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..io import atomic_path, atomic_write_json, atomic_write_text
+from ..outputs import atomic_path, atomic_write_json, atomic_write_text
 from .figures import make_figures
 from .markdown import render_markdown
 from .results import FIGURES_DIR, REPORT_JSON, REPORT_MD, Report, as_report, validate_report

@@ -12,6 +12,7 @@ import functools
 import math
 from pathlib import Path
 
+from ..markdown import markdown_table
 from .results import REPORT_JSON, STAGES, ModelInfo, TaskInfo, as_report, finite, mean, plain
 
 CAPTIONS = {
@@ -77,14 +78,6 @@ def _fmt_ms(value):
 
 def _md_escape(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header, rows, align=None):
-    align = align or ["left"] + ["right"] * (len(header) - 1)
-    marks = {"left": ":--", "right": "--:", "center": ":-:"}
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the document
@@ -220,7 +213,7 @@ def _scores_section(report):
                 cell += f" ({_fmt_pct(per_metric[name])})"
             cells.append(cell)
         rows.append([label] + cells + [_fmt_pct(average, bold=(key == "student"))])
-    lines.append(_table(header, rows))
+    lines.append(markdown_table(header, rows))
     lines += ["", f"Recovery = student ÷ teacher × 100 on the {split} split (LUNA Table 2)."]
     if report.task.embedding:
         lines[-1] += (" An embedding task has no labels: the teacher's embeddings are the reference, so its own "
@@ -233,7 +226,7 @@ def _scores_section(report):
                     for key, label in stages if scores(key, selection)]
         if sel_rows:
             lines += ["", f"On the {selection} split (used for model selection and early stopping):", "",
-                      _table(["model"] + [f"{name} ({selection})" for name in names], sel_rows)]
+                      markdown_table(["model"] + [f"{name} ({selection})" for name in names], sel_rows)]
     note = selection_note(report)
     return lines + (["", note] if note else []) + _noise_note(report) + _task_note(report)
 
@@ -303,7 +296,7 @@ def _model_section(report):
         rows.append(("parameters", _fmt_count(model.parameters_base)))
     if not rows:
         return []
-    return ["## Model", "", _table(["", ""], [(f"**{k}**", _md_escape(v)) for k, v in rows], ["left", "left"])]
+    return ["## Model", "", markdown_table(["", ""], [(f"**{k}**", _md_escape(v)) for k, v in rows], ["left", "left"])]
 
 
 def _attention_section(report):
@@ -329,7 +322,7 @@ def _attention_section(report):
         header.append("")
     else:
         table_rows = [cells[:-1] for cells in table_rows]
-    lines.append(_table(header, table_rows))
+    lines.append(markdown_table(header, table_rows))
     return lines + ["", " ".join(_attention_notes(attention, has_entropy))]
 
 
@@ -388,7 +381,7 @@ def _timing_section(report):
                   for label, seconds in rows]
     if total is not None:
         table_rows.append(["**total**", f"**{_fmt_seconds(total)}**", "100%"])
-    return ["## Time", "", _table(["stage", "wall time", "share"], table_rows)]
+    return ["## Time", "", markdown_table(["stage", "wall time", "share"], table_rows)]
 
 
 def _latency_section(report):
@@ -405,7 +398,7 @@ def _latency_section(report):
     if latency.speedup is not None:
         rows.append(["speedup", f"**{latency.speedup:.2f}×**" + (" (slower)" if latency.speedup < 1 else "")])
     return ["## Inference latency", "",
-            _table(["forward pass" + (f" ({', '.join(shape)})" if shape else ""), "time"], rows),
+            markdown_table(["forward pass" + (f" ({', '.join(shape)})" if shape else ""), "time"], rows),
             "", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
                 "overhead can outweigh it."]
 
@@ -439,6 +432,6 @@ def _reproducibility_section(report):
     if report.created:
         facts.append(("created", str(report.created)))
     if facts:
-        lines.append(_table(["", ""], [(f"**{k}**", _md_escape(v)) for k, v in facts], ["left", "left"]))
+        lines.append(markdown_table(["", ""], [(f"**{k}**", _md_escape(v)) for k, v in facts], ["left", "left"]))
     lines += ["", f"`linearize report RUN_DIR` re-renders this file and the figures from `{REPORT_JSON}`."]
     return lines

@@ -130,12 +130,17 @@ def recovery(teacher, student):
 
 @dataclass(frozen=True)
 class StageResult:
-    """What a training stage (the teacher's fine-tuning, stage 1, stage 2) produced.
+    """What a training stage (the teacher's fine-tuning, stage 1, stage 2) produced: what
+    ``distill`` and ``finetune`` return, what ``state.json`` keeps, what the report reads.
 
     ``scores``: ``{split: {metric: value}}`` of the model after the stage; ``history``: its
     training curve (one dict per logged step or epoch); ``per_layer_before``/``_after``: stage
     1's attention distances ``{layer: {"ce", "kl", "teacher_entropy", "student_entropy"}}``;
-    ``extra``: everything else the stage reported (``best_epoch``, ``steps``, ``config``, ...).
+    ``steps``: optimizer steps taken; ``best_epoch`` / ``best_metric`` / ``initial_metric``: a
+    fine-tuning's selection (epoch 0: the model it started from, whose dev score is
+    ``initial_metric`` when it competed); ``reason``: why a skipped stage was skipped;
+    ``finetuned``: the teacher was fine-tuned (False: taken as it is); ``extra``: everything
+    else the stage reported (``config``, ``dev_metrics``, ``epochs_run``, ...).
     """
 
     seconds: float = 0.0
@@ -144,11 +149,18 @@ class StageResult:
     skipped: bool = False
     per_layer_before: dict = field(default_factory=dict)
     per_layer_after: dict = field(default_factory=dict)
+    steps: int | None = None
+    method: str | None = None
+    best_epoch: int | None = None
+    best_metric: float | None = None
+    initial_metric: float | None = None
+    reason: str | None = None
+    finetuned: bool | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data):
-        """From the dict a stage function returns (or ``state.json`` kept)."""
+        """From the flat dict :meth:`to_dict` writes (``state.json``, ``distill.json``)."""
         if isinstance(data, cls):
             return data
         data = dict(data or {})
@@ -160,10 +172,9 @@ class StageResult:
         return cls(**known, extra=data)
 
     def to_dict(self):
-        """The flat dict (``state.json``'s form): ``extra``'s keys beside the fields."""
-        return {**self.extra, "seconds": self.seconds, "history": self.history, "scores": self.scores,
-                "skipped": self.skipped, "per_layer_before": self.per_layer_before,
-                "per_layer_after": self.per_layer_after}
+        """The flat dict (``state.json``'s form): ``extra``'s keys beside the fields that are set."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**self.extra, **{k: v for k, v in fields.items() if v is not None}}
 
     def with_scores(self, scores):
         return dataclasses.replace(self, scores=scores)
@@ -177,9 +188,9 @@ class StageResult:
                   if isinstance(e, dict) and "epoch" in e and finite(e.get(key)) is not None]
         if self.skipped or not epochs:
             return Selection()
-        initial = finite(self.extra.get("initial_metric"))
+        initial = finite(self.initial_metric)
         candidates = ([(0, initial)] if initial is not None else []) + epochs
-        selected = self.extra.get("best_epoch")
+        selected = self.best_epoch
         return Selection(metric=metric, candidates=tuple(candidates),
                          selected_epoch=int(selected) if finite(selected) is not None else None)
 
@@ -387,8 +398,8 @@ class Report:
     """A run's results, as ``report.json`` holds them (see the module docstring for the layout).
 
     ``scores``: ``{"teacher" | "student_stage1" | "student": {split: {metric: value}}}``;
-    ``curves`` and ``visuals`` are plain data (lists of dicts) for the figures. ``report[key]``
-    reads the JSON form (:meth:`to_json`), for code that indexes the report as a dict.
+    ``curves`` and ``visuals`` are plain data (lists of dicts) for the figures; :meth:`to_json`
+    gives the JSON form.
     """
 
     recipe: dict = field(default_factory=dict)
@@ -469,13 +480,6 @@ class Report:
 
     def with_figures(self, figures):
         return dataclasses.replace(self, figures=tuple(figures))
-
-    @cached_property
-    def _json(self):
-        return self.to_json()
-
-    def __getitem__(self, key):
-        return self._json[key]
 
     # ---- what the renderers ask -------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ..errors import LinearizeError
 from .accelerator import average_gradients, is_main_process, mean_over_processes
+from .checkpoint import (OPTIMIZER_FILE, SCALER_FILE, SCHEDULER_FILE, WEIGHTS_FILE, TrainingProgress, clear_checkpoint,
+                         read_checkpoint, write_checkpoint)
 from .metrics_log import append_jsonl, truncate_jsonl
 from .trackers import loggable
 from .progress import ProgressBar, Throughput
@@ -41,10 +43,12 @@ class Trainer:
     ``config`` (a stage config) gives ``gradient_accumulation_steps``, ``epochs``/``max_steps``,
     ``scheduler``/``warmup_ratio`` and ``max_grad_norm``. The loader is prepared at once (every
     process gets its own share of its batches), which fixes the plan: ``steps_per_epoch`` and
-    ``total`` optimizer steps. Then :meth:`prepare` (the optimizer), :meth:`begin` (at step 0 or
-    where a checkpoint left off), per epoch :meth:`epoch`'s micro-batches and, at each step's
-    last one, :meth:`finish_step` and :meth:`record`; :meth:`close` at the end. ``loss_name`` and
-    ``checkpoint_note`` word the error of a non-finite loss.
+    ``total`` optimizer steps. Then :meth:`prepare` (the optimizer), :meth:`load_checkpoint` (or
+    :meth:`clear_checkpoint`), :meth:`begin` (at step 0 or where the checkpoint left off), per
+    epoch :meth:`epoch`'s micro-batches and, at each step's last one, :meth:`finish_step` and
+    :meth:`record` (and now and then :meth:`save_checkpoint`); :meth:`close` at the end. Both
+    stages' checkpoints are the Trainer's, in one format (:mod:`linearize.training.checkpoint`).
+    ``loss_name`` and ``checkpoint_note`` word the error of a non-finite loss.
     """
 
     def __init__(self, accelerator, train_loader, config, *, loss_name, checkpoint_note=""):
@@ -54,7 +58,7 @@ class Trainer:
         self.accumulation = max(1, config.gradient_accumulation_steps)
         self.steps_per_epoch = math.ceil(len(self.loader) / self.accumulation)
         self.total = config.max_steps or max(1, math.ceil(config.epochs * self.steps_per_epoch))
-        self.optimizer = self.scheduler = self.bar = self.speed = self.metrics_path = None
+        self.optimizer = self.scheduler = self.trained = self.bar = self.speed = self.metrics_path = None
         self.start = time.perf_counter()
 
     @property
@@ -71,17 +75,56 @@ class Trainer:
         """Training time so far, the time before a resumption included."""
         return time.perf_counter() - self.start
 
-    def prepare(self, optimizer, model=None):
+    def prepare(self, optimizer, model=None, trained=None):
         """Give ``optimizer`` the config's schedule over the planned steps and prepare it (with
-        ``model`` when given: then the prepared model is returned)."""
+        ``model`` when given: then the prepared model is returned).
+
+        ``trained``: the weights a checkpoint saves and restores (a module, or anything with
+        ``state_dict`` and ``load_state_dict``): by default the whole ``model``; stage 1 gives its
+        feature maps alone."""
         # not passed to prepare(): accelerate would step it once per process at every step
         self.scheduler = make_scheduler(self.config.scheduler, optimizer, int(self.config.warmup_ratio * self.total),
                                         self.total)
         if model is None:
-            self.optimizer = self.accelerator.prepare(optimizer)
+            self.optimizer, self.trained = self.accelerator.prepare(optimizer), trained
             return None
         model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.trained = trained if trained is not None else self.accelerator.unwrap_model(model)
         return model
+
+    def _checkpointed(self):
+        """``{file name: object}`` of what a checkpoint's state folder holds but the random states."""
+        parts = {WEIGHTS_FILE: self.trained, OPTIMIZER_FILE: self.optimizer, SCHEDULER_FILE: self.scheduler}
+        if self.accelerator.scaler is not None:  # fp16
+            parts[SCALER_FILE] = self.accelerator.scaler
+        return parts
+
+    def save_checkpoint(self, directory, *, step, epoch, history, extra=None):
+        """Save a checkpoint in ``directory`` (nothing when it is ``None``): the trained weights,
+        the optimizer, the schedule, the gradient scaler, every process's random states, and the
+        progress: ``step`` optimizer steps done, ``epoch`` epochs finished, the training time so
+        far, the stage's ``history`` and its ``extra`` values (JSON-able). Every process calls it."""
+        if directory is None:
+            return
+        state = {file: part.state_dict() for file, part in self._checkpointed().items()}
+        progress = TrainingProgress(step=step, epoch=epoch, seconds=self.seconds, history=history,
+                                    extra=dict(extra or {}))
+        write_checkpoint(self.accelerator, directory, state, progress)
+
+    def load_checkpoint(self, directory, log=print):
+        """The :class:`~linearize.training.checkpoint.TrainingProgress` of the checkpoint in
+        ``directory``, whose weights, optimizer, schedule, gradient scaler and random states are
+        restored; ``None`` without one (or for ``directory`` ``None``). Call it after
+        :meth:`prepare`. A checkpoint of an earlier version is removed and ``log`` says so."""
+        if directory is None:
+            return None
+        return read_checkpoint(self.accelerator, directory, self._checkpointed(), log)
+
+    def clear_checkpoint(self, directory, log=print, also=()):
+        """Delete the checkpoint in ``directory`` and its ``metrics.jsonl`` (``resume=False``), with
+        the stage's own files named in ``also``; nothing for ``directory`` ``None``."""
+        if directory is not None:
+            clear_checkpoint(self.accelerator, directory, log, also)
 
     def begin(self, done_steps, seconds, description, progress, checkpoint_dir):
         """Start after ``done_steps`` steps that took ``seconds`` (0 and 0.0 for a fresh run): the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..io import atomic_write_text
+from ..outputs import atomic_write_text
 
 
 def append_jsonl(path, entry):

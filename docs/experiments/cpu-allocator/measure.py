@@ -33,11 +33,11 @@ def measure_one(setting, threads, calls):
         allocator.keep_freed_memory()
     import torch
 
-    from linearize.bench import _load_model
+    from linearize.bench import load_model
     from linearize.convert import convert
 
     torch.set_num_threads(threads)
-    base = _load_model("minilm").eval()
+    base = load_model("minilm").eval()
     student = convert(copy.deepcopy(base), "hedgehog")
     ids = torch.randint(1000, 20000, (8, 128))
     result = {"setting": setting, "malloc": allocator.state, "threads": threads}

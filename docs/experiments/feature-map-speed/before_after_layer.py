@@ -6,7 +6,7 @@ import sys, time, torch, torch.nn.functional as F
 sys.path.insert(0, "/tmp/speed/bp")
 import linearize_before.attention.feature_maps as fb
 import linearize.attention.feature_maps as fa
-from linearize.model_bench import recipe_luna
+from linearize.bench import recipe_luna
 M = {"luna": ("luna", {}), "recipe": recipe_luna(), "hedgehog": ("hedgehog", {}), "t2r": ("t2r", {}), "darkformer": ("darkformer", {})}
 names = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else list(M)
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 20

@@ -11,9 +11,8 @@ import copy
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from linearize.bench import _load_model, _model_inputs
+from linearize.bench import load_model, model_inputs, recipe_luna
 from linearize.convert import convert
-from linearize.model_bench import recipe_luna
 
 METHODS = {"luna": ("luna", {}), "recipe-luna": recipe_luna(), "hedgehog": ("hedgehog", {}),
            "t2r": ("t2r", {}), "darkformer": ("darkformer", {})}
@@ -26,8 +25,8 @@ def main():
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--rows", type=int, default=14)
     args = parser.parse_args()
-    base = _load_model("minilm").eval()
-    batch = _model_inputs(base, args.batch_size, args.seq_len, 0)
+    base = load_model("minilm").eval()
+    batch = model_inputs(base, args.batch_size, args.seq_len, 0)
     models = {"softmax (sdpa)": base}
     for label in args.methods.split(","):
         name, options = METHODS[label]

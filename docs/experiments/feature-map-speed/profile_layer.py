@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from linearize.attention.feature_maps import create_feature_map
-from linearize.model_bench import recipe_luna
+from linearize.bench import recipe_luna
 
 METHODS = {"luna": ("luna", {}), "recipe-luna": recipe_luna(), "hedgehog": ("hedgehog", {}),
            "t2r": ("t2r", {}), "darkformer": ("darkformer", {})}

@@ -22,15 +22,13 @@ from linearize.attention.feature_maps import create_feature_map
 from linearize.convert.api import feature_maps_of
 from linearize.convert.loading import resolve_model_name
 from linearize.distill.losses import LOG_FLOOR
-from linearize.pipeline import load_data, load_processor, make_loaders
+from linearize.pipeline import TaskData
 from linearize.recipes import load_recipe
 
 
 def default_loaders(batch_size=32):
     """The default recipe's (minilm-moviereviews) loaders, seed 0."""
-    recipe = load_recipe(None)
-    data, spec = load_data(recipe)
-    return make_loaders(recipe, data, spec, load_processor(recipe, spec), batch_size, 0)
+    return TaskData.load(load_recipe(None)).loaders(batch_size, 0)
 
 
 def queries_and_keys(teacher, batch):

@@ -39,9 +39,9 @@ import torch
 
 from linearize.allocator import keep_freed_memory
 from linearize.errors import LinearizeError
-from linearize.io import atomic_write_json, atomic_write_text
+from linearize.outputs import atomic_write_json, atomic_write_text
 from linearize.pipeline import TaskData, load_saved, run, run_teacher
-from linearize.recipes import load_recipe, merge, parse_set
+from linearize.recipes import load_recipe, parse_set
 
 RECIPE = "minilm-longreviews"
 QUICK_TRUNCATE = 128  # --quick's (a): shorter than the quick block's 576 tokens, as 512 is than 2,048
@@ -54,17 +54,17 @@ def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None,
     if done.is_file():
         log(f"== seed {seed}: finished, reusing {done}")
         return json.loads(done.read_text())
-    seeded = merge(recipe, {"seed": seed})
+    seeded = recipe.with_overrides({"seed": seed})
     log(f"== seed {seed}: (a) the softmax teacher cut at {truncate} tokens")
-    short = run_teacher(merge(seeded, {"data": {"max_length": truncate}}), folder / f"teacher-{truncate}",
-                        progress=progress, log=log)
-    log(f"== seed {seed}: (b) the softmax teacher and (c) the {recipe['method']} student at "
-        f"{recipe['data']['max_length']} tokens")
-    report = run(seeded, folder / "full", progress=progress, log=log)
+    short, _ = run_teacher(seeded.with_overrides({"data": {"max_length": truncate}}), folder / f"teacher-{truncate}",
+                           progress=progress, log=log)
+    log(f"== seed {seed}: (b) the softmax teacher and (c) the {recipe.method} student at "
+        f"{recipe.data.max_length} tokens")
+    report = run(seeded, folder / "full", progress=progress, log=log).to_json()
     split, metric = report["recovery"]["split"], report["task"]["primary_metric"]
     result = {"seed": seed, "split": split, "metric": metric, "truncate": truncate,
-              "max_length": recipe["data"]["max_length"], "method": recipe["method"],
-              "truncated": short["scores"][split][metric], "full": report["scores"]["teacher"][split][metric],
+              "max_length": recipe.data.max_length, "method": recipe.method,
+              "truncated": short.scores[split][metric], "full": report["scores"]["teacher"][split][metric],
               "student": report["scores"]["student"][split][metric],
               "recovery": report["recovery"]["per_metric"][metric],
               "latency_at_max_length": report["latency"],

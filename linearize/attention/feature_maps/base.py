@@ -168,6 +168,24 @@ def check_method_options(method, options):
     method_settings(method, options)
 
 
+def options_for(method, options):
+    """The feature-map options a run converts ``method`` with.
+
+    A key of the recipe's ``options`` that names a method holds that method's own options, so one
+    recipe serves every method of a ``linearize compare`` (``options: {luna: {projections: 16}}``
+    gives LUNA M = 16 and Hedgehog its defaults); the other keys apply to whichever method is
+    converted and win over the method's block (``--set options.projections=32``).
+    """
+    named = set(methods())
+    own = (options or {}).get(method) or {}
+    if not isinstance(own, dict):
+        raise LinearizeError(f"recipe key 'options.{method}' must be a mapping of {method}'s options, "
+                             "e.g. options.luna.projections=16")
+    chosen = dict(own)
+    chosen.update({k: v for k, v in (options or {}).items() if k not in named})
+    return chosen
+
+
 def create_feature_map(method, head_dim, num_heads=1, **options):
     """Build the feature map of ``method`` for one layer's head geometry.
 

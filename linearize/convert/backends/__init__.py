@@ -9,10 +9,12 @@ rest (option checks, layer choice, the conversion record) once for all families.
         matches(model) -> bool
         attention_modules(model) -> [(qualified name, module)]
         sliding_window_layers(model) -> [index]  # attention layers with a sliding window (never made global)
-        attach(model, method, layers, options) -> dict   # family-specific fields of the record
+        record(model, source) -> dict           # family-specific fields of the ConversionRecord
+        attach(model, method, layers, options)  # feature maps on the chosen layers
+        store_record(model, record)             # keep the ConversionRecord where save and load find it
         detach(model)
         save(model, directory)                  # weights + config.json with the linearize block
-        load(directory, data, block, **kwargs) -> model
+        load(directory, data, record, **kwargs) -> model
 
 Adding a family = one module here with such a class, and one entry in ``BACKENDS``.
 """
@@ -30,10 +32,10 @@ def backend_for(model):
     return next((backend for backend in BACKENDS if backend.matches(model)), None)
 
 
-def backend_for_block(block):
-    """The backend that saved a folder, from its ``linearize`` block."""
-    name = "timm" if block.get("base_model_type") == "timm" else "hf"
+def backend_for_record(record):
+    """The backend that saved a folder, from its :class:`~linearize.convert.record.ConversionRecord`."""
+    name = "timm" if record.is_timm else "hf"
     return next(backend for backend in BACKENDS if backend.name == name)
 
 
-__all__ = ["BACKENDS", "HFBackend", "TimmBackend", "backend_for", "backend_for_block"]
+__all__ = ["BACKENDS", "HFBackend", "TimmBackend", "backend_for", "backend_for_record"]

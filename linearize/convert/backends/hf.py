@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from ...errors import LinearizeError
-from ...io import atomic_write_json
-from ..config_block import decode_block, encode_block
+from ...outputs import atomic_write_json
 from .. import sentence_transformers
-from ..loading import check_loading_info, check_weights, read_linearize_block
+from ..loading import check_loading_info, check_weights, read_conversion_record
+from ..record import ConversionRecord
 from . import hf_attention
 from . import hf_remote_code as remote_code
 
@@ -22,7 +22,7 @@ _SUBCLASSES = {}
 
 
 def _version():
-    from ... import __version__
+    from ...version import __version__
 
     return __version__
 
@@ -66,44 +66,45 @@ class HFBackend:
 
     def record(self, model, source):
         source = source or getattr(model.config, "_name_or_path", None) or None
-        record = {"source": source, "base_model_type": model.config.model_type, "architecture": type(model).__name__,
-                  "previous_attn_implementation": model.config._attn_implementation}
-        st_files = sentence_transformers.read_files(source)  # a sentence-transformers model keeps its modules
-        if st_files:
-            record[sentence_transformers.BLOCK_KEY] = st_files
-        return record
+        # a sentence-transformers model keeps its modules
+        return {"source": source, "base_model_type": model.config.model_type, "architecture": type(model).__name__,
+                "previous_attn_implementation": model.config._attn_implementation,
+                "sentence_transformers_files": sentence_transformers.read_files(source) or None}
 
-    def attach(self, model, method, layers, options, block):
+    def attach(self, model, method, layers, options):
         _own_config(model)
         head_dim, num_heads = hf_attention.head_geometry(model.config)
         hf_attention.register_attention_backend()
         hf_attention.attach_feature_maps(self.attention_modules(model), method, set(layers), options, head_dim,
                                          num_heads)
-        model.config.linearize = block
         model.set_attn_implementation(hf_attention.ATTENTION_IMPLEMENTATION)
         model.__class__ = linearized_hf_class(type(model))
         _register_output_recording(model)
 
+    def store_record(self, model, record):
+        """The record lives in the config as its versioned block (what config.json holds)."""
+        model.config.linearize = record.to_block()
+
     def detach(self, model):
-        block = getattr(model.config, "linearize", None)
+        record = ConversionRecord.from_config(model.config)
         for _, module in hf_attention.attention_modules(model):
             if hasattr(module, "linearize_map"):
                 del module.linearize_map
         model.__class__ = getattr(type(model), "_linearize_base", type(model))
-        if block is not None:
+        if record is not None:
             del model.config.linearize
-            model.set_attn_implementation(block.get("previous_attn_implementation") or "sdpa")
+            model.set_attn_implementation(record.previous_attn_implementation or "sdpa")
 
     def save(self, model, directory):
         model.save_pretrained(directory)
 
-    def load(self, directory, data, block, **kwargs):
+    def load(self, directory, data, record, **kwargs):
         import transformers
 
-        config = _base_config(data, block)
-        base = getattr(transformers, block["architecture"], None)
+        config = _base_config(data, record)
+        base = getattr(transformers, record.architecture or "", None)
         if base is None:
-            raise LinearizeError(f"transformers {transformers.__version__} has no class {block['architecture']!r}; "
+            raise LinearizeError(f"transformers {transformers.__version__} has no class {record.architecture!r}; "
                                  "upgrade transformers")
         check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
         want_info = kwargs.pop("output_loading_info", False)
@@ -144,31 +145,32 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     # nothing from the legacy layout: a converted folder needs transformers 5.x to run at all.
     kwargs.setdefault("save_original_format", False)
     base.save_pretrained(self, save_directory, *args, **kwargs)
-    block = decode_block(self.config.linearize)
-    auto_map = remote_code.write_remote_code(save_directory, block["base_model_type"],
+    record = ConversionRecord.from_config(self.config)
+    auto_map = remote_code.write_remote_code(save_directory, record.base_model_type,
                                              type(self.config).__name__, _version())
     path = Path(save_directory) / "config.json"
     data = json.loads(path.read_text())
-    data["model_type"] = remote_code.model_type_for(block["base_model_type"])
+    data["model_type"] = remote_code.model_type_for(record.base_model_type)
     data["architectures"] = [remote_code.remote_class_name(base.__name__)]
     data["auto_map"] = auto_map
-    data["linearize"] = encode_block(block)  # versioned on disk, {"_type", "_version", "_data"}
+    data["linearize"] = record.to_block()  # versioned on disk, {"_type", "_version", "_data"}
     atomic_write_json(path, data)
-    sentence_transformers.write_files(save_directory, block)
+    sentence_transformers.write_files(save_directory, record.sentence_transformers_files)
 
 
 def base_config(directory):
     """The source architecture's own config class for a saved converted model (no remote code)."""
-    return _base_config(*read_linearize_block(directory))
+    return _base_config(*read_conversion_record(directory))
 
 
-def _base_config(data, block):
-    """``base_config`` from an already read config.json (``data``) and its decoded block."""
+def _base_config(data, record):
+    """``base_config`` from an already read config.json (``data``) and its conversion record."""
     import transformers
 
     config_dict = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "architectures")}
-    config = transformers.AutoConfig.for_model(block["base_model_type"], **config_dict)
-    config.linearize = block
+    config_dict.pop("linearize", None)  # set below, in this version's encoding
+    config = transformers.AutoConfig.for_model(record.base_model_type, **config_dict)
+    config.linearize = record.to_block()
     return config
 
 

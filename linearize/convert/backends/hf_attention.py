@@ -25,7 +25,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..config_block import decode_block
+from ..record import ConversionRecord
 from ...attention.core import is_tracing
 from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
 from ...attention.windowed import windowed_attention_weights, windowed_linear_attention, windowed_softmax_attention
@@ -153,8 +153,9 @@ def register_attention_backend():
 
 def attention_modules(model):
     """``[(qualified name, module)]`` of the self-attention modules, in forward order."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    model_type = (decode_block(getattr(model.config, "linearize", None)) or {}).get("base_model_type", model_type)
+    config = getattr(model, "config", None)
+    record = ConversionRecord.from_config(config)  # a converted model's model_type is linearize_<base>
+    model_type = record.base_model_type if record and record.base_model_type else getattr(config, "model_type", None)
     class_name = ATTENTION_CLASSES.get(model_type)
     if class_name is None:
         return []
@@ -199,10 +200,11 @@ def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
 
 
 def apply_linearize_config(model, block):
-    """Rebuild a converted model's attention from its config block (used by remote code)."""
-    block = decode_block(block)
+    """Rebuild a converted model's attention from its config's ``linearize`` block, of any version
+    (:class:`ConversionRecord`; used by remote code)."""
+    record = ConversionRecord.from_block(block)
     register_attention_backend()
     head_dim, num_heads = head_geometry(model.config)
-    attach_feature_maps(attention_modules(model), block["method"], set(block["layers"]), block.get("options", {}),
-                        head_dim, num_heads)
+    attach_feature_maps(attention_modules(model), record.method, set(record.layers), record.options, head_dim,
+                        num_heads)
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)

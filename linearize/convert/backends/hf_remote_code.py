@@ -23,7 +23,7 @@ from ... import errors
 from ...attention import core
 from ...attention import feature_maps
 from ...attention import windowed
-from .. import config_block
+from .. import record
 from ..heads import auto_mappings
 from . import hf_attention
 
@@ -76,7 +76,7 @@ def _module_source(module):
 def bundled_sources():
     """The attention core, the feature maps, windowed attention and the transformers patch as one
     source text."""
-    modules = [errors, config_block, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [
+    modules = [errors, record, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [
         windowed, hf_attention]
     parts = []
     for module in modules:
@@ -133,7 +133,7 @@ def write_remote_code(save_directory, base_model_type, config_class_name, versio
     autos = auto_classes(base_model_type)
     class_names = sorted(set(autos.values()))
     text = modeling_source(base_model_type, config_class_name, class_names, version, autos.get("AutoModel"))
-    from ...io import atomic_write_text
+    from ...outputs import atomic_write_text
 
     atomic_write_text(Path(save_directory) / MODELING_FILE, text)
     auto_map = {"AutoConfig": "modeling_linearize.LinearizeConfig"}

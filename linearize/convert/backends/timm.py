@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import LinearizeError
-from ...io import atomic_write_json
-from ..config_block import encode_block
+from ...outputs import atomic_write_json
 from ..loading import check_loading_info, check_weights
 from .hf_attention import layer_feature_map
 from .timm_attention import is_timm_vit, linearized_class, timm_attention_modules, unpatch
@@ -39,7 +38,7 @@ def save_timm(model, directory, model_name=None, **create_kwargs):
     geometry read off the model."""
     from safetensors.torch import save_file
 
-    from ...io import atomic_path
+    from ...outputs import atomic_path
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -51,7 +50,7 @@ def save_timm(model, directory, model_name=None, **create_kwargs):
         save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(directory / CONFIG, {"timm_model": model_name,
                                            "timm_kwargs": create_kwargs or _create_kwargs(model),
-                                           "linearize": encode_block(model.linearize_config)})
+                                           "linearize": model.linearize_config})
 
 
 def _save_pretrained(self, save_directory, model_name=None, **create_kwargs):
@@ -81,15 +80,18 @@ class TimmBackend:
         base = getattr(type(model), "_linearize_base", type(model))
         return {"source": source, "base_model_type": "timm", "architecture": base.__name__}
 
-    def attach(self, model, method, layers, options, block):
+    def attach(self, model, method, layers, options):
         for index, (_, module) in enumerate(self.attention_modules(model)):
             if index not in layers:
                 continue
             module.linearize_map = layer_feature_map(module, index, method, options, module.head_dim,
                                                      module.num_heads)
             module.__class__ = linearized_class(type(module))
-        model.linearize_config = block
         model.__class__ = _linearized_model_class(type(model))
+
+    def store_record(self, model, record):
+        """The record lives on the model as its versioned block (``linearize_config``, what config.json holds)."""
+        model.linearize_config = record.to_block()
 
     def detach(self, model):
         for _, module in self.attention_modules(model):
@@ -101,7 +103,7 @@ class TimmBackend:
     def save(self, model, directory):
         save_timm(model, directory)
 
-    def load(self, directory, data, block, **kwargs):
+    def load(self, directory, data, record, **kwargs):
         import timm
         from safetensors.torch import load_file
 
@@ -109,7 +111,8 @@ class TimmBackend:
             raise LinearizeError(f"{directory} is not a saved timm model (config.json has no 'timm_model')")
         check_weights(directory)
         model = timm.create_model(data["timm_model"], pretrained=False, **data.get("timm_kwargs", {}))
-        self.attach(model, block["method"], set(block["layers"]), block.get("options", {}), dict(block))
+        self.attach(model, record.method, set(record.layers), record.options)
+        self.store_record(model, record)
         result = model.load_state_dict(load_file(str(Path(directory) / WEIGHTS)), strict=False)
         check_loading_info(directory, {"missing_keys": result.missing_keys, "unexpected_keys": result.unexpected_keys})
         return model.eval()

@@ -1,4 +1,8 @@
-"""Atomic file and folder writes: a crash never leaves a half-written output behind."""
+"""Atomic file and folder writes: a crash never leaves a half-written output behind.
+
+Every file is written through :func:`atomic_path` (a temporary file beside it, flushed to disk
+and renamed over it); a folder through :func:`atomic_dir` (a temporary sibling folder renamed
+over it, :func:`replace_folder`)."""
 
 from __future__ import annotations
 
@@ -28,25 +32,6 @@ def disk_full_error(path):
                           "free some space or write to another disk, then run again")
 
 
-def atomic_write_text(path, text):
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if is_disk_full(error):
-            raise disk_full_error(path) from None
-        raise
-
-
 def _umask():
     mask = os.umask(0)
     os.umask(mask)
@@ -55,7 +40,10 @@ def _umask():
 
 @contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside ``path`` to write to; on success it replaces ``path``."""
+    """Yield a temporary path beside ``path`` to write to; on success it is flushed to disk
+    (``fsync``) and renamed over ``path`` (``os.replace``), so ``path`` is the old file or the
+    new one, never half of it. On any failure the temporary file is removed (a full disk becomes
+    a one-line error). Every file :mod:`linearize` writes atomically goes through here."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -63,6 +51,7 @@ def atomic_path(path):
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         yield tmp
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
@@ -71,7 +60,29 @@ def atomic_path(path):
         raise
 
 
+def _fsync(path):
+    """Flush the file at ``path`` (written and closed) to the disk."""
+    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows flushes only a writable handle
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path, data):
+    """Write ``data`` to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(data)
+
+
+def atomic_write_text(path, text):
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+
 def atomic_write_json(path, data):
+    """Write ``data`` as indented JSON to ``path`` atomically (:func:`atomic_path`)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
@@ -107,25 +118,37 @@ def prepare_output_dir(path, overwrite=False):
 
 @contextmanager
 def atomic_dir(path):
-    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole. On any
-    failure the temporary folder is removed (a full disk becomes a one-line error)."""
+    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole
+    (:func:`replace_folder`). On any failure the temporary folder is removed (a full disk becomes
+    a one-line error)."""
     path = Path(path).expanduser().resolve()  # ".", "a/.." have no name to put a sibling beside
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    old = None
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-        os.replace(tmp, path)
+        replace_folder(tmp, path)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not path.exists():
-            os.replace(old, path)  # the swap failed half way: the previous folder comes back
         if is_disk_full(error):
             raise disk_full_error(path) from None
+        raise
+
+
+def replace_folder(source, target):
+    """Rename the complete folder ``source`` to ``target`` in one step: a folder already at
+    ``target`` is moved aside first, put back if the rename fails, and removed once ``source``
+    is in place."""
+    target = Path(target)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    try:
+        os.replace(source, target)
+    except BaseException:
+        if old is not None and not target.exists():
+            os.replace(old, target)  # the swap failed half way: the previous folder comes back
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
