@@ -10,7 +10,7 @@ import typer
 
 from ..config import MeasureConfig
 from ..errors import LinearizeError
-from . import app, console, friendly_errors
+from .common import app, console, friendly_errors
 from .config_options import config_options
 
 bench_app = typer.Typer(

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..attention.feature_maps import default_comparison
-from . import ThreadsOpt, app, console, friendly_errors, set_threads
+from .common import ThreadsOpt, app, console, friendly_errors, set_threads
 from .run import SetOpt
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from ..config import PositionsConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
-from . import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
+from .common import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
 from .config_options import config_options
 
 

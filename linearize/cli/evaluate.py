@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config import DataConfig
-from . import TEXT_DATA_FIELDS, ThreadsOpt, app, friendly_errors, print_scores, set_threads
+from .common import TEXT_DATA_FIELDS, ThreadsOpt, app, friendly_errors, print_scores, set_threads
 from .config_options import config_options
 
 eval_app = typer.Typer(help="Evaluate a model (converted or softmax) on GLUE, text files or images.",

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from . import app, console, friendly_errors
+from .common import app, console, friendly_errors
 
 
 @app.command("export")

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from . import app, console, friendly_errors
+from .common import app, console, friendly_errors
 
 
 def _size(n):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from . import app, console, friendly_errors
+from .common import app, console, friendly_errors
 
 
 @app.command("report")

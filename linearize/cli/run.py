@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..recipes import parse_options
-from . import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, console, friendly_errors, parse_layers,
+from .common import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, console, friendly_errors, parse_layers,
                set_threads)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(

@@ -9,7 +9,7 @@ import typer
 
 from ..config import DataConfig, FinetuneConfig, Stage1Config
 from ..recipes import parse_options
-from . import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, console, friendly_errors,
+from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, console, friendly_errors,
                parse_layers, print_scores, set_threads)
 from .config_options import config_options
 
