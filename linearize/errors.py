@@ -7,3 +7,7 @@ class LinearizeError(ValueError):
     A ``ValueError`` so that library callers who catch ``ValueError`` for bad arguments keep
     working; the CLI turns only this (not every ``ValueError``) into a one-line error.
     """
+
+
+class OptionError(LinearizeError):
+    """An unknown method, an unknown option, or an option or setting value of the wrong type or range."""

@@ -14,6 +14,11 @@ types) for text, ``pixel_values`` for vision; the output is the model's first ou
 (``logits``, or ``last_hidden_state`` for a model without a head). The graph is float32. After
 writing, the file is run in onnxruntime against PyTorch at a batch size and length other than
 the traced ones, with padding (:func:`check_onnx`).
+
+A sentence-transformers folder (``modules.json``, ``1_Pooling/``, ...) is exported by default to
+``onnx/model.onnx`` inside it: the layout sentence-transformers' ONNX backend and
+text-embeddings-inference's CPU (onnxruntime) image read, beside the pooling they apply to its
+``last_hidden_state``. Any other folder's default is ``model.onnx`` at its root.
 """
 
 from __future__ import annotations
@@ -100,43 +105,63 @@ def output_name(model, inputs):
         return next(iter(model(**inputs).keys()))
 
 
-def export(directory, out=None, format="onnx", check=True, overwrite=False):
+def default_output(directory):
+    """Where :func:`export` writes without ``out``: ``onnx/model.onnx`` in a sentence-transformers
+    folder (what its ONNX backend and text-embeddings-inference read), else ``model.onnx``."""
+    from .convert.sentence_transformers import MODULES
+
+    directory = Path(directory)
+    return directory / "onnx" / "model.onnx" if (directory / MODULES).is_file() else directory / "model.onnx"
+
+
+def export(directory, out=None, format="onnx", check=True, overwrite=False, log=None):
     """Export the converted model folder ``directory`` (or a run folder's ``model/``) to ``out``
-    (default ``<model folder>/model.onnx``), written atomically; an existing ``out`` is replaced only
-    with ``overwrite``. ``check`` runs the graph in onnxruntime against PyTorch (:func:`check_onnx`).
+    (default :func:`default_output`), written atomically; an existing ``out`` is replaced only with
+    ``overwrite``. ``check`` runs the graph in onnxruntime against PyTorch (:func:`check_onnx`).
+    ``log`` (a callable taking one line) hears what it is doing: the export takes seconds to minutes.
 
     Returns ``{"path", "inputs", "output", "max_abs_difference" (None without check)}``."""
     from .convert import load
+    from .convert.loading import converted_folder
+    from .outputs import check_output_file
 
     if format not in FORMATS:
         raise LinearizeError(f"unknown export format {format!r}; supported: {', '.join(FORMATS)}")
     require_onnx(check)
-    directory = Path(directory).expanduser()
-    if not (directory / "config.json").is_file() and (directory / "model" / "config.json").is_file():
-        directory = directory / "model"  # a run folder (`linearize run`)
-    out = Path(out).expanduser() if out is not None else directory / "model.onnx"
+    directory = converted_folder(directory)  # the folder itself, or a run folder's model/
+    out = Path(out).expanduser() if out is not None else default_output(directory)
     if out.is_dir():
         raise LinearizeError(f"--out {out} is a folder; give a file name, e.g. --out {out / 'model.onnx'}")
     if out.exists() and not overwrite:
         raise LinearizeError(f"{out} exists; pass --overwrite to replace it")
-    return export_model(load(directory), out, check)
+    check_output_file(out)  # a place the file cannot be written is one line now, not after the export
+    say = log or (lambda line: None)
+    say(f"loading {directory}")
+    return export_model(load(directory), out, check, log=say)
 
 
-def export_model(model, out, check=True):
+def export_model(model, out, check=True, log=None):
     """:func:`export` of a model in memory (float32, evaluation mode)."""
     from .outputs import atomic_path
 
+    say = log or (lambda line: None)
     model = model.float().eval()
     inputs = example_inputs(model)
     name = output_name(model, inputs)
     wrapper = FirstOutput(model, inputs).eval()
+    say("tracing the model and exporting its graph with torch.onnx's dynamo exporter (this takes a while)")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # the names are kept
         program = torch.onnx.export(wrapper, tuple(inputs.values()), dynamo=True, dynamic_shapes=dynamic_shapes(inputs),
                                     input_names=list(inputs), output_names=[name], verbose=False)
+    say(f"writing {out}")
     with atomic_path(out) as tmp:
         program.save(tmp, external_data=False)
-    difference = check_onnx(out, wrapper, example_inputs(model, CHECK_BATCH, CHECK_LENGTH, seed=1)) if check else None
+    difference = None
+    if check:
+        say(f"checking the graph in onnxruntime against PyTorch at batch {CHECK_BATCH}"
+            + ("" if "pixel_values" in inputs else f", {CHECK_LENGTH} tokens with padding"))
+        difference = check_onnx(out, wrapper, example_inputs(model, CHECK_BATCH, CHECK_LENGTH, seed=1))
     return {"path": Path(out), "inputs": list(inputs), "output": name, "max_abs_difference": difference}
 
 

@@ -107,3 +107,18 @@ def rounded_load_average():
     """:func:`load_average` rounded to two decimals, as a list (None where the system does not say)."""
     load = load_average()
     return None if load is None else [round(x, 2) for x in load]
+
+
+def environment():
+    """Versions, platform, CPU, threads and allocator state of the process a run measured in (the
+    report's ``environment``)."""
+    import torch
+    import transformers
+
+    from . import allocator
+    from .version import __version__
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "linearize": __version__, "platform": platform.platform(), "cpu": cpu_model(),
+            "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"),
+            "malloc": allocator.state}

@@ -2,34 +2,125 @@
 
 Every file is written through :func:`atomic_path` (a temporary file beside it, flushed to disk
 and renamed over it); a folder through :func:`atomic_dir` (a temporary sibling folder renamed
-over it, :func:`replace_folder`)."""
+over it, :func:`replace_folder`). Their temporary names are ``.<name>.XXXXXXXX.partial``.
+
+A command checks its outputs before any work (:func:`check_output_path`, :func:`check_output_file`:
+a path it cannot write is one line) and holds its output folder's lock while it writes it
+(:func:`locked_output`: a second writer is refused in one line naming the holder; the leftovers of
+a killed one are removed). A write that fails for want of space or permission is one line naming
+the path and the cause (:func:`write_error`), the previous output left as it was.
+"""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+#: the suffix of every temporary file and folder the writers here make (stale ones are recognised by it)
+TEMPORARY_SUFFIX = ".partial"
+#: ``.<name>.XXXXXXXX.partial`` (mkstemp / mkdtemp's 8 random characters) and ``.<name>.old-<pid>.partial``
+TEMPORARY_NAME = re.compile(r"^\.(?P<name>.+)\.(?:[a-z0-9_]{8}|old-(?P<pid>\d+))" + re.escape(TEMPORARY_SUFFIX) + "$")
+#: errors that say the disk (the user's quota, the process's file size limit) is full
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: what each write error means, said the user's way
+WRITE_CAUSES = {
+    errno.ENOSPC: "no space left on the disk",
+    errno.EDQUOT: "the disk quota was exceeded",
+    errno.EFBIG: "the file size limit (ulimit -f) was reached",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "the file system is read-only",
+}
 
-def is_disk_full(error):
-    """``error`` says the disk (or the user's quota) is full: an ``OSError`` ENOSPC / EDQUOT, or
-    safetensors' own error wrapping one."""
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    text = str(error)
-    return type(error).__name__ == "SafetensorError" and ("No space left" in text or "StorageFull" in text)
+
+def write_errno(error, written=()):
+    """The errno of the failed write ``error`` when it is the disk's or the permissions' fault:
+    an ``OSError``'s own, the ``os error N`` safetensors' error names, or (an error that names no
+    cause, as ``torch.save``'s) diagnosed: ENOSPC when the disk of a ``written`` path is full,
+    EFBIG when a ``written`` file reached the process's file size limit. None otherwise."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno
+    found = re.search(r"os error (\d+)", str(error))
+    if type(error).__name__ == "SafetensorError" and found:
+        return int(found.group(1))
+    if not isinstance(error, RuntimeError):
+        return None
+    return next(filter(None, (_full_disk_errno(Path(path)) for path in written)), None)
 
 
-def disk_full_error(path):
-    """The one-line error of a write to ``path`` that failed for want of disk space."""
+def _full_disk_errno(path):
+    """ENOSPC if the disk of ``path`` has (almost) no space left, EFBIG if the file ``path`` (or
+    one in the folder ``path``) is as large as the process's file size limit allows, else None."""
+    import resource
+
+    try:
+        disk = os.statvfs(path if path.is_dir() else path.parent)
+    except OSError:
+        return None
+    if disk.f_bavail * disk.f_frsize < 2**20:
+        return errno.ENOSPC
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    return errno.EFBIG if any(file.stat().st_size >= limit for file in files) else None
+
+
+def is_disk_full(error, written=()):
+    """``error`` says the disk (the user's quota, the file size limit) is full (:func:`write_errno`)."""
+    return write_errno(error, written) in DISK_FULL
+
+
+def write_error(path, code, atomic=True):
+    """The one-line error of a write to ``path`` that failed with ``code`` (an errno): the cause,
+    that nothing was half-written (``atomic``: it was written through :func:`atomic_path` or
+    :func:`atomic_dir`), and what to do."""
     from .errors import LinearizeError
 
-    return LinearizeError(f"no space left on the disk while writing {path} (the partial output was removed); "
-                          "free some space or write to another disk, then run again")
+    cause = WRITE_CAUSES.get(code) or os.strerror(code).lower()
+    if code in DISK_FULL:
+        advice = ("raise the limit (ulimit -f unlimited)" if code == errno.EFBIG else
+                  "free some space or write to another disk")
+        removed = " (the partial output was removed, nothing was half-written)" if atomic else ""
+        return LinearizeError(f"{cause} while writing {path}{removed}; {advice}, then run the command again")
+    return LinearizeError(f"cannot write {path}: {cause}; choose a folder you can write to")
+
+
+def disk_full_error(path, code=errno.ENOSPC):
+    """The one-line error of a write to ``path`` that failed for want of disk space (:func:`write_error`)."""
+    return write_error(path, code)
+
+
+def _translated(error, path, temporary):
+    """The one-line error of ``error`` raised while ``path`` was written through ``temporary``, or
+    None when it is not a full disk nor a write the permissions refused to ``path``, its temporary
+    or what is in it (a bug keeps its traceback)."""
+    code = write_errno(error, [temporary])
+    if code in DISK_FULL:
+        return write_error(path, code)
+    names = [os.fsdecode(name) for name in (getattr(error, "filename", None), getattr(error, "filename2", None))
+             if name is not None]
+    ours = any(_is_within(name, temporary) or _is_beside(name, path) for name in names)
+    if code in WRITE_CAUSES and ours:
+        return write_error(path, code)
+    return None
+
+
+def _is_within(name, folder):
+    name, folder = os.path.abspath(name), os.path.abspath(folder)
+    return name == folder or name.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _is_beside(name, path):
+    """``name`` is ``path`` or one of the names put beside it while it is replaced (``.<name>.*``)."""
+    name, path = Path(os.path.abspath(name)), Path(os.path.abspath(path))
+    return name == path or (name.parent == path.parent and name.name.startswith(f".{path.name}."))
 
 
 def _umask():
@@ -38,25 +129,42 @@ def _umask():
     return mask
 
 
+def follow_umask(path):
+    """Give the file ``path`` (or every file and folder in the folder ``path``) the permissions a
+    newly made one has under the umask: ``mkstemp``, ``mkdtemp`` and safetensors make theirs
+    private (0600 / 0700), which would leave ``model.safetensors`` unreadable to the group."""
+    path, mask = Path(path), _umask()
+    for entry in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if entry.is_symlink():
+            continue
+        executable = entry.is_dir() or entry.stat().st_mode & 0o111
+        os.chmod(entry, (0o777 if executable else 0o666) & ~mask)
+
+
 @contextmanager
 def atomic_path(path):
     """Yield a temporary path beside ``path`` to write to; on success it is flushed to disk
-    (``fsync``) and renamed over ``path`` (``os.replace``), so ``path`` is the old file or the
-    new one, never half of it. On any failure the temporary file is removed (a full disk becomes
-    a one-line error). Every file :mod:`linearize` writes atomically goes through here."""
+    (``fsync``), given the umask's permissions and renamed over ``path`` (``os.replace``), so
+    ``path`` is the old file or the new one, never half of it. On any failure the temporary file
+    is removed; a full disk or a refused write is one line (:func:`write_error`). Every file
+    :mod:`linearize` writes atomically goes through here."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    except OSError as error:
+        raise write_error(path, error.errno) from None
     os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         yield tmp
         _fsync(tmp)
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException as error:
+        translated = _translated(error, path, tmp)  # before the removal: a full file says why
         Path(tmp).unlink(missing_ok=True)
-        if is_disk_full(error):
-            raise disk_full_error(path) from None
+        if translated is not None:
+            raise translated from None
         raise
 
 
@@ -86,25 +194,63 @@ def atomic_write_json(path, data):
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def check_output_path(path):
-    """``path`` (``~`` expanded) if a folder can be made there: refuse a file in the way, or a
-    file where one of its parent folders should be, in one line that says what to do."""
+def check_output_path(path, option="--out"):
+    """``path`` (``~`` expanded) if a folder can be made and written there: refuse a file in the
+    way, a file where one of its parent folders should be, or a place this process may not write
+    to (:func:`check_writable`), in one line that says what to do."""
     from .errors import LinearizeError
 
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise LinearizeError(f"output path {path} exists and is not a folder; choose another --out")
+        raise LinearizeError(f"output path {path} exists and is not a folder; choose another {option}")
     blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
     if blocking is not None:
         raise LinearizeError(f"cannot make the output folder {path}: {blocking} is a file, not a folder; "
-                             "choose another --out")
+                             f"choose another {option}")
+    return check_writable(path, option)
+
+
+def check_output_file(path, option="--out"):
+    """``path`` (``~`` expanded) if the file can be written there (:func:`check_writable`); a
+    folder in the way, or a place this process may not write to, is one line naming ``option``."""
+    from .errors import LinearizeError
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise LinearizeError(f"{option} {path} is a folder; give a file name, e.g. {option} {path / 'out.json'}")
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise LinearizeError(f"cannot write {path}: {blocking} is a file, not a folder; choose another {option}")
+    return check_writable(path, option)
+
+
+def check_writable(path, option="--out"):
+    """``path`` if this process can write it: a file is made and removed (as the atomic writers
+    do) in the nearest existing folder above it, and in ``path`` itself when it is a folder (a run
+    folder is written in place). Trying is the one test that holds for root, read-only mounts and
+    ``/proc`` alike (``os.access`` answers yes to root). Refused: one line naming ``option``."""
+    from .errors import LinearizeError
+
+    path = Path(path).expanduser()
+    places = [parent for parent in path.absolute().parents if parent.exists()][:1]
+    if path.is_dir():
+        places.append(path)
+    for place in places:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=place)
+        except OSError as error:
+            cause = WRITE_CAUSES.get(error.errno) or (error.strerror or str(error)).lower()
+            raise LinearizeError(f"cannot write {option} {path}: {place} does not accept new files ({cause}); "
+                                 f"choose a folder you can write to") from None
+        os.close(fd)
+        Path(probe).unlink(missing_ok=True)  # a writer holding the lock may have cleared it as a leftover
     return path
 
 
 def prepare_output_dir(path, overwrite=False):
     """Refuse an existing non-empty folder unless ``overwrite`` (say how to proceed), a path a
-    folder cannot be made at, and the current folder (an output folder is written beside its
-    destination and renamed into place, which cannot replace the folder one is in)."""
+    folder cannot be made or written at, and the current folder (an output folder is written beside
+    its destination and renamed into place, which cannot replace the folder one is in)."""
     from .errors import LinearizeError
 
     path = check_output_path(path)
@@ -118,20 +264,25 @@ def prepare_output_dir(path, overwrite=False):
 
 @contextmanager
 def atomic_dir(path):
-    """Yield a temporary sibling folder; on success it replaces ``path`` as a whole
-    (:func:`replace_folder`). On any failure the temporary folder is removed (a full disk becomes
-    a one-line error)."""
+    """Yield a temporary sibling folder; on success its files get the umask's permissions and it
+    replaces ``path`` as a whole (:func:`replace_folder`). On any failure the temporary folder is
+    removed and ``path`` left as it was; a full disk or a refused write is one line
+    (:func:`write_error`)."""
     path = Path(path).expanduser().resolve()  # ".", "a/.." have no name to put a sibling beside
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent))
+    except OSError as error:
+        raise write_error(path, error.errno) from None
+    try:
         yield tmp
+        follow_umask(tmp)
         replace_folder(tmp, path)
     except BaseException as error:
+        translated = _translated(error, path, tmp)  # before the removal: a full file says why
         shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(error):
-            raise disk_full_error(path) from None
+        if translated is not None:
+            raise translated from None
         raise
 
 
@@ -142,7 +293,7 @@ def replace_folder(source, target):
     target = Path(target)
     old = None
     if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        old = target.with_name(f".{target.name}.old-{os.getpid()}{TEMPORARY_SUFFIX}")
         os.replace(target, old)
     try:
         os.replace(source, target)
@@ -152,3 +303,99 @@ def replace_folder(source, target):
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- one writer per output folder ----------------------------------------------------------------
+
+def lock_file_of(path):
+    """The lock file of the output ``path``: ``.<name>.lock`` beside it (not inside: the output
+    is replaced whole). Its holder is written beside it, in ``.<name>.lock.holder``."""
+    path = Path(path).expanduser().resolve()
+    return path.with_name(f".{path.name}.lock")
+
+
+def lock_holder(command=None):
+    """Who holds a lock, as a second writer is told: pid, host, start time and command."""
+    import socket
+    import sys
+    import time
+
+    command = command or " ".join(["linearize", *sys.argv[1:]])
+    return f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}"
+
+
+@contextmanager
+def locked_output(path, *, option="--out", command=None, lock=True):
+    """Check the output folder ``path`` (:func:`check_output_path`) and hold its lock
+    (:func:`lock_file_of`, a ``filelock`` OS lock) while a command writes it; yields the checked
+    path. A second writer is refused in one line naming the holder (``command``: what the holder
+    runs; default this process's command line). The OS releases the lock of a killed process:
+    the next writer takes it over and removes what the killed one left half-written
+    (:func:`remove_stale_temporaries`). The lock files go when the lock is released. ``lock``:
+    False in a launcher's other processes (the main one writes and holds it)."""
+    import filelock
+
+    from .errors import LinearizeError
+
+    path = check_output_path(path, option)
+    if not lock:
+        yield path
+        return
+    lock_path = lock_file_of(path)
+    holder_path = lock_path.with_name(lock_path.name + ".holder")  # not the lock file: filelock 3 truncates it
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    file_lock = filelock.FileLock(lock_path, timeout=0)
+    try:
+        file_lock.acquire()
+    except filelock.Timeout:
+        held_by = holder_path.read_text(encoding="utf-8", errors="replace").strip() if holder_path.exists() else ""
+        raise LinearizeError(f"{path} is being written by another linearize process ({held_by or 'holder unknown'}); "
+                             f"wait until it ends, or choose another {option}") from None
+    try:
+        holder_path.write_text(lock_holder(command) + "\n", encoding="utf-8")
+        remove_stale_temporaries(path)
+        yield path
+    finally:
+        holder_path.unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)  # while still held: the next writer locks a new file
+        file_lock.release()
+
+
+def remove_stale_temporaries(path):
+    """Remove what a writer of ``path`` killed mid-write left (call it holding ``path``'s lock: no
+    live writer owns them): the temporary files and folders (``.<name>.XXXXXXXX.partial``) beside
+    ``path`` and, two levels deep, inside ``path`` and its ``<path>.work`` (a run folder, a
+    stage's checkpoints: written in place). A previous output moved aside
+    (``.<name>.old-<pid>.partial``) goes back where its output is missing. Returns the paths removed."""
+    path = Path(path).expanduser().resolve()
+    found = [entry for entry in _temporaries(path.parent, depth=1)
+             if TEMPORARY_NAME.match(entry.name)["name"] == path.name]  # not another output's beside it
+    for folder in (path, path.with_name(path.name + ".work")):
+        found += _temporaries(folder, depth=2)
+    removed = []
+    for entry in found:
+        pid = TEMPORARY_NAME.match(entry.name)["pid"]
+        original = entry.with_name(TEMPORARY_NAME.match(entry.name)["name"])
+        if pid is not None and not original.exists():
+            os.replace(entry, original)  # killed between moving the old output aside and renaming the new one in
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        removed.append(entry)
+    return removed
+
+
+def _temporaries(folder, depth):
+    """The temporary entries (:data:`TEMPORARY_NAME`) in ``folder`` and its visible subfolders,
+    ``depth`` levels deep."""
+    if depth < 1 or not folder.is_dir() or folder.is_symlink():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        if TEMPORARY_NAME.match(entry.name):
+            found.append(entry)
+        elif not entry.name.startswith("."):
+            found += _temporaries(entry, depth - 1)
+    return found

@@ -30,10 +30,13 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from .errors import LinearizeError
-from .bench import FOLDER_BENCH_JSON, read_folder_bench
 from .report import Report
 from .convert.loading import read_conversion_record
-from .report.card import METHOD_NOTES, build_card, source_info  # noqa: F401  (re-exported: the card's parts)
+from .lazy import lazy_exports
+
+#: the model card's parts, re-exported; imported on first use (the card loads the feature maps, so torch)
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("METHOD_NOTES", "build_card", "source_info"),
+                                                          "linearize.report.card"))
 
 README = "README.md"
 REPORT = "report.json"
@@ -160,6 +163,8 @@ def model_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     """The README.md text (:func:`linearize.report.card.build_card`; ``report``: a
     :class:`~linearize.report.Report`, ``report.json``'s content, or None; ``speed``: the
     folder's measured crossover, ``bench.json``, or None)."""
+    from .report.card import build_card
+
     return str(build_card(repo_id, config, report, figures=figures, files=files, speed=speed))
 
 
@@ -185,6 +190,8 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
         figures = {name: figures[name] for name in order}
         files[REPORT] = report_path
     files.update(figures)
+    from .bench import FOLDER_BENCH_JSON, read_folder_bench  # loads torch: after the checks above
+
     speed = read_folder_bench(model_dir)
     if speed is not None:
         files[FOLDER_BENCH_JSON] = model_dir / FOLDER_BENCH_JSON

@@ -150,7 +150,7 @@ CASES = [
     ("negative seed", RUN + " --seed -1", 1, "seed must be >= 0, got -1", None, None),
     ("unknown head", RUN + " --set head=sequence", 1, "unknown head 'sequence'; valid heads: base", None, None),
     ("layer out of range, before the teacher trains", RUN + " --layers 0,7", 1,
-     "layers [7] out of range: the model has 2 attention layers", None, nothing_trained),
+     "layers [0, 7]: 7 is out of range; give a non-empty list of distinct integers in 0..1", None, nothing_trained),
     ("a converted model as the source", RUN + " --model {ws}/converted", 1,
      "is already converted to linear attention (relu", None, nothing_trained),
     ("rerun with another recipe", RUN + " --method t2r", 1,
@@ -158,7 +158,8 @@ CASES = [
      finished_teacher, None),
     ("output under a file", "run {ws}/tiny.yaml --out {ws}/afile.txt/sub", 1,
      "{ws}/afile.txt is a file, not a folder; choose another --out", None, None),
-    ("~ expanded in --set data.data_dir", RUN + " --task sst2 --set data.data_dir=~/glue", 1,
+    ("~ expanded in --set data.data_dir", RUN + " --task sst2 --set data.train_file= --set data.validation_file= "
+     "--set data.data_dir=~/glue", 1,
      "GLUE data folder {ws}/glue does not exist", home_is_workspace, None),
     ("compare checks every run first", "compare {ws}/tiny.yaml --out {out} --methods luna,hedgehog --seeds 0 "
      "--no-without-stage1 --set options.hedgehog.nope=1", 1, "unknown option(s) 'nope' for method 'hedgehog'",

@@ -74,7 +74,7 @@ def test_unsupported_architecture(tmp_path):
     (["--option", "projection=3"], "valid options: projections, channels"),
     (["--option", "oops"], "is not key=value"),
     (["--layers", "0,x"], "is not a comma-separated list"),
-    (["--layers", "7"], "out of range: the model has 2 attention layers"),
+    (["--layers", "7"], "7 is out of range; give a non-empty list of distinct integers in 0..1"),
     (["--head", "decoder"], "unknown head 'decoder'; valid heads: base, sequence-classification"),
 ])
 def test_bad_method_options_and_layers(tiny_bert, tmp_path, args, message):

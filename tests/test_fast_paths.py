@@ -2,6 +2,7 @@
 path equals the naive quadratic reference (with and without padding, in inference mode)."""
 
 import ast
+import json
 import math
 
 import pytest
@@ -161,7 +162,8 @@ def test_luna_features_fast_equal_the_mlp_path(options):
     torch.testing.assert_close(trained, reference, atol=1e-5, rtol=1e-5)
 
 
-CASES = [("luna", {}), ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True})] + [
+RECIPE_LUNA = {"projections": 16, "shared_projections": False}  # the default recipe's (minilm-moviereviews)
+CASES = [("luna", {}), ("luna", RECIPE_LUNA), ("luna", {"shared_mlp": False, "envelope": True, "ch_rms": True})] + [
     (name, {}) for name in methods() if name not in ("luna", "softmax")]
 
 
@@ -261,7 +263,7 @@ def test_bundled_remote_code_compiles_with_unique_module_names():
         else:
             continue
         assert roots <= {"torch", "transformers", "numpy", "math", "inspect", "dataclasses", "types", "typing",
-                         "__future__"}, roots
+                         "threading", "__future__"}, roots
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -281,6 +283,7 @@ def test_luna_grid_index_equals_bucketize_everywhere(seed):
     u = torch.cat([points, up, down])
     expected = torch.bucketize(u, knots, right=True)
     torch.testing.assert_close(fm.knot_index(u, lookup).long(), expected, rtol=0, atol=0)
+    torch.testing.assert_close(fm.knot_index_into(u, lookup).long(), expected, rtol=0, atol=0)  # the buffered one
     nan = fm.knot_index(torch.tensor([math.nan]), lookup)  # NaN gives a valid index (and a NaN output)
     assert 0 <= int(nan) <= knots.numel()
     assert torch.isnan(fm.psi_lookup(torch.tensor([math.nan]))).all()
@@ -291,11 +294,13 @@ def test_luna_without_a_grid_falls_back_to_bucketize():
     lookup = fm._knot_structure(torch.float32, torch.device("cpu"))
     assert lookup["grid"] is None
     assert_lookup_equals_mlp(fm, torch.randn(3000) * 4)
+    u = torch.randn(3000) * 4
+    assert torch.equal(fm.knot_index_into(u, lookup).long(), torch.bucketize(u, lookup["knots"], right=True))
 
 
 # ---- the chunked inference path ------------------------------------------------------------------
 
-CHUNKABLE = [("luna", {}), ("luna", {"shared_mlp": False, "envelope": True})] + [
+CHUNKABLE = [("luna", {}), ("luna", RECIPE_LUNA), ("luna", {"shared_mlp": False, "envelope": True})] + [
     (name, {}) for name in methods() if name not in ("luna", "softmax")]
 
 
@@ -374,3 +379,120 @@ def test_chunking_is_used_only_without_gradients():
         assert calls == [1, 1]  # ch_rms needs the whole sequence: not chunkable
     finally:
         core._chunked_attention = original
+
+
+# ---- the chunked path's memory: reused buffers, one new tensor per call -----------------------------
+
+WRITES_OUT = [(name, options) for name, options in CHUNKABLE
+              if create_feature_map(name, D, H, **options).writes_out and not options.get("envelope")]
+
+
+def transposed_inputs(batch, seq, seed):
+    """q, k, v as attention modules pass them: ``[B, H, N, d]`` views of ``[B, N, H, d]`` tensors."""
+    g = torch.Generator().manual_seed(seed)
+    return [t.transpose(1, 2) for t in torch.randn(3, batch, seq, H, D, generator=g)]
+
+
+def large_allocations(fn, tmp_path, smallest=32 * 1024):
+    """The sizes of the CPU allocations of at least ``smallest`` bytes that ``fn()`` makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    return [e["args"]["Bytes"] for e in events if e.get("name") == "[memory]" and e["args"]["Bytes"] >= smallest]
+
+
+@pytest.mark.parametrize("name,options", WRITES_OUT, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in WRITES_OUT])
+def test_chunked_path_allocates_only_its_output(name, options, tmp_path):
+    """After a first call, a call of the chunked path makes one large tensor, its output (in the
+    [B, N, H, d] layout the output projection reads): features, scaled inputs, values and partial
+    products go to reused buffers; and it still equals the quadratic reference."""
+    torch.manual_seed(0)
+    fm = create_feature_map(name, D, H, **options).eval()
+    q, k, v = transposed_inputs(4, 200, seed=1)
+    with torch.inference_mode():
+        linear_attention(q, k, v, fm, chunk_size=64)
+        sizes = large_allocations(lambda: linear_attention(q, k, v, fm, chunk_size=64), tmp_path)
+        out = linear_attention(q, k, v, fm, chunk_size=64)
+        ref = quadratic_attention(q, k, v, fm)
+    assert sizes == [out.numel() * 4], sizes
+    assert out.transpose(1, 2).is_contiguous()  # the caller's transpose back is free
+    assert_matches_reference(fm, q, k, out, ref)
+
+
+@pytest.mark.parametrize("name,options", WRITES_OUT, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in WRITES_OUT])
+def test_chunked_path_buffers_follow_changing_shapes(name, options):
+    """One feature map, calls of other batch sizes, lengths and cross lengths in turn (the buffers
+    grow and are read at other sizes), padded and not, under inference mode and no_grad."""
+    torch.manual_seed(2)
+    fm = create_feature_map(name, D, H, **options).eval()
+    for index, (batch, seq_q, seq_k) in enumerate([(3, 40, 40), (1, 7, 7), (2, 23, 90), (4, 130, 130)]):
+        g = torch.Generator().manual_seed(index)
+        q = torch.randn(batch, H, seq_q, D, generator=g)
+        k, v = (torch.randn(batch, H, seq_k, D, generator=g) for _ in range(2))
+        mask = torch.ones(batch, seq_k)
+        mask[0, -3:] = 0
+        for key_mask in (None, mask):
+            with torch.inference_mode() if index % 2 else torch.no_grad():
+                out = linear_attention(q, k, v, fm, key_mask, chunk_size=16)
+                ref = quadratic_attention(q, k, v, fm, key_mask)
+            assert_matches_reference(fm, q, k, out, ref, key_mask)
+
+
+def test_scratch_buffers_are_kept_per_thread_and_grow():
+    import threading
+
+    from linearize.attention.core import release_scratch, scratch
+
+    with torch.inference_mode():
+        first = scratch("test.buffer", (4, 8), "cpu")
+    with torch.no_grad():  # made in inference mode, still writable outside it
+        again = scratch("test.buffer", (2, 3), "cpu").fill_(1.0)
+    assert again.data_ptr() == first.data_ptr()
+    bigger = scratch("test.buffer", (64, 8), "cpu")
+    assert bigger.shape == (64, 8) and scratch("test.buffer", (4, 8), "cpu").data_ptr() == bigger.data_ptr()
+    other = []
+    thread = threading.Thread(target=lambda: other.append(scratch("test.buffer", (4, 8), "cpu").data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != bigger.data_ptr()  # each thread its own
+    release_scratch()  # forgotten: the next call makes a new buffer (the old one is still held here)
+    assert scratch("test.buffer", (4, 8), "cpu").data_ptr() != bigger.data_ptr()
+
+
+def test_chunked_path_is_right_in_concurrent_threads():
+    """Two threads running the chunked path at once (as a threaded server does) each get their own
+    buffers: both outputs equal the reference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(3)
+    fm = create_feature_map("hedgehog", D, H).eval()
+    inputs = [transposed_inputs(2, 300, seed) for seed in range(4)]
+
+    def attend(qkv):
+        with torch.inference_mode():
+            return [linear_attention(*qkv, fm, chunk_size=32) for _ in range(3)][-1]
+
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(attend, inputs))
+    for (q, k, v), out in zip(inputs, outs):
+        with torch.no_grad():
+            assert_matches_reference(fm, q, k, out, quadratic_attention(q, k, v, fm))
+
+
+def test_hooks_on_a_map_never_see_the_reused_buffers():
+    """A forward hook may keep the map's input (the report's LUNA figure does): what it kept must
+    not be overwritten by later chunks and calls."""
+    fm = create_feature_map("luna", D, H).eval()
+    kept = []
+    hook = fm.register_forward_pre_hook(lambda module, args: kept.append(args[0]))
+    try:
+        with torch.no_grad():
+            linear_attention(*transposed_inputs(2, 40, 4), fm, chunk_size=16)
+            copies = [t.clone() for t in kept]
+            linear_attention(*transposed_inputs(2, 40, 5), fm, chunk_size=16)
+    finally:
+        hook.remove()
+    assert len(copies) == 6 and all(torch.equal(t, c) for t, c in zip(kept, copies))

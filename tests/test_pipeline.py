@@ -323,3 +323,23 @@ def test_long_cpu_teacher_with_attention_dropout_is_warned_about(workspace):
     assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH - 1, on_device=False) is None
     model.config.attention_probs_dropout_prob = 0.0
     assert attention_dropout_warning(model, LONG_DROPOUT_LENGTH, on_device=False) is None
+
+
+def test_latency_is_timed_at_most_at_eval_latency_max_length():
+    """A huge data.max_length (issue 36: 100,000 tokens sat for minutes at the latency step) is
+    timed at eval.latency_max_length tokens; the returned length is the one timed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from linearize.pipeline import latency_batch
+
+    loader = [{"input_ids": torch.arange(10).view(1, 10), "attention_mask": torch.ones(1, 10, dtype=torch.long)}]
+    text = SimpleNamespace(kind="text")
+    long = load_recipe(None, overrides={"data": {"max_length": 100000}})
+    batch, seq_len = latency_batch(long, text, loader)
+    assert seq_len == long.eval.latency_max_length == 8192 and batch["input_ids"].shape == (1, 8192)
+    short = load_recipe(None, overrides={"data": {"max_length": 100}, "eval": {"latency_max_length": 4096}})
+    assert latency_batch(short, text, loader)[1] == 100
+    with pytest.raises(linearize.errors.LinearizeError, match="eval.latency_max_length must be >= 1"):
+        load_recipe(None, overrides={"eval": {"latency_max_length": 0}})

@@ -1,5 +1,5 @@
 """Experiment trackers (``--report-to``) through accelerate's own, for both stages
-(linearize/training/trackers.py). TensorBoard (via tensorboardX, a test dependency) is the one
+(linearize/trackers.py). TensorBoard (via tensorboardX, a test dependency) is the one
 tracker checked end to end; the others differ only in accelerate's class."""
 
 import csv
@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from linearize.cli import app
-from linearize.training.trackers import tracker_names, valid_report_to
+from linearize.trackers import tracker_names, valid_report_to
 from tiny_models import save_tiny_text_classifier
 
 GOOD = "good fine warm funny sharp clever great".split()

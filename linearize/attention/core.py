@@ -38,17 +38,23 @@ remote code):
   (Flexformer's trigonometric features), a denominator with |·| < ε is replaced by ±ε
   (sign kept, 0 → +ε), so the weights stay finite; the fraction of negative kernel values is
   reported by :func:`kernel_statistics`.
-- Speed (inference): when no gradient is needed and the map is ``chunkable``, long sequences
-  are processed in chunks of tokens (the same sums; the running key max above is kept online),
-  so no full-length feature tensor is ever allocated: extra memory is the output plus
-  O(chunk·D + D·d), and the temporaries stay in cache. Training (autograd) uses the one-shot
-  form. Every fast path is tested against :func:`quadratic_attention`.
+- Speed (inference): when no gradient is needed and the map is ``chunkable``, sequences of any
+  length are processed in chunks of tokens (the same sums; the running key max above is kept
+  online), so no full-length feature tensor is ever allocated, and every chunk-sized temporary
+  is written into buffers kept per thread between calls (:func:`scratch`): a call allocates its
+  output and a few small tensors, as SDPA does. Under glibc's default allocator (a user's own
+  process) each new large block is otherwise mapped and faulted in afresh on every forward
+  (docs/experiments/user-state). Training (autograd) uses the one-shot form. Every fast path
+  is tested against :func:`quadratic_attention`.
 - Tracing (``torch.compile``, ``torch.export``, the ONNX exporters; :func:`is_tracing`): the
   one-shot form only, so the graph has no loop or branch sized by the input and stays valid at
   every batch size and length.
 """
 
 from __future__ import annotations
+
+import math
+import threading
 
 import torch
 
@@ -62,6 +68,47 @@ def is_tracing():
     input sizes or tensor values; a traced graph must not, so it takes the plain form instead
     (the same formula: the fast paths are tested against it)."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def check_attention_inputs(q, k, v=None, key_padding_mask=None, feature_map=None):
+    """``ValueError`` (one line with the shapes) unless ``q``, ``k`` (and ``v``) are ``[batch, heads,
+    seq, head_dim]`` tensors of one batch and head count, ``k`` and ``v`` of one length, ``q`` and
+    ``k`` of one head dim (the ``feature_map``'s, when it has one) and ``key_padding_mask`` is
+    ``[batch, key length]``. The public entry points call it first: a caller's mistake is said
+    plainly, not as a shape error from inside a matrix product. About a microsecond when they fit."""
+    try:  # the common case in one expression (it runs for every layer of every forward)
+        qs, ks = q.shape, k.shape
+        if (len(qs) == 4 and len(ks) == 4 and qs[:2] == ks[:2] and qs[3] == ks[3]
+                and (v is None or (v.dim() == 4 and v.shape[:3] == (*qs[:2], ks[2])))
+                and (key_padding_mask is None or key_padding_mask.shape == (ks[0], ks[2]))
+                and getattr(feature_map, "head_dim", qs[3]) == qs[3]):
+            return
+    except (AttributeError, TypeError):  # not tensors: said below
+        pass
+    raise ValueError(_attention_input_problem(q, k, v, key_padding_mask, feature_map))
+
+
+def _attention_input_problem(q, k, v, key_padding_mask, feature_map):
+    """The message of :func:`check_attention_inputs` for inputs that do not fit."""
+    named = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            return f"attention input {name} must be a [batch, heads, seq, head_dim] tensor, got {shape}"
+    if any(tensor.shape[:2] != q.shape[:2] for _, tensor in named):
+        problem = "their batch sizes or head counts differ"
+    elif v is not None and v.shape[2] != k.shape[2]:
+        problem = "k and v differ in length"
+    elif q.shape[3] != k.shape[3]:
+        problem = "q and k differ in head dim"
+    elif getattr(feature_map, "head_dim", q.shape[3]) != q.shape[3]:
+        problem = f"the feature map was built for head_dim {feature_map.head_dim}"
+    else:
+        mask_shape = tuple(getattr(key_padding_mask, "shape", ())) or type(key_padding_mask).__name__
+        problem = f"key_padding_mask {mask_shape} is not [batch, key length]"
+    shapes = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in named)
+    return (f"attention inputs do not fit: {problem} ({shapes}); expected [batch, heads, seq, head_dim] with one "
+            "batch and head count, k and v of one length, q and k of one head dim")
 
 
 def _key_mask(key_padding_mask, batch, seq, device):
@@ -137,17 +184,20 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
 
     Two batched matrix products do the work: the state ``Σ φ(k_j) v_jᵀ = φ(K)ᵀV`` and the
     numerator ``φ(Q)·state`` (the ε term as the added bias of one ``baddbmm``); the normaliser
-    is ``φ(Q)·Σ φ(k_j)``, a multiply-and-sum (see :func:`_normalised_output`).
+    is ``φ(Q)·Σ φ(k_j)``, a batched matrix-vector product (see :func:`_normalised_output`).
 
     Inference (no gradient needed) with a chunkable map (``feature_map.chunkable``) runs over
     the sequence in chunks of ``chunk_size`` tokens (default: about ``CHUNK_ELEMENTS`` feature
     values per chunk): the same sums, but features and temporaries stay small and cache-resident,
-    so the extra memory is O(chunk·D + D·d) besides the output (see :func:`_chunked_attention`).
+    in buffers reused from call to call (:func:`scratch`), so the extra memory is O(chunk·D + D·d)
+    besides the output (see :func:`_chunked_attention`).
+    Inputs that do not fit together are a ``ValueError`` (:func:`check_attention_inputs`).
     """
+    check_attention_inputs(q, k, v, key_padding_mask, feature_map)
     if getattr(feature_map, "chunkable", False) and not is_tracing() and not _grad_needed(feature_map, q, k, v):
         batch, heads = k.shape[:2]
         chunk = _chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
-        if max(q.shape[2], k.shape[2]) > chunk and k.shape[2] > 0:
+        if k.shape[2] > 0:  # any length: this path's only new full-size tensor is the output
             return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     batch, heads, seq_q, dim_f = phi_q.shape
@@ -156,35 +206,70 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     keys = phi_k.reshape(rows, -1, dim_f)
     state = torch.bmm(keys.transpose(1, 2), vf)  # [B*H, D, d]: Σ φ(k_j) v_jᵀ
     key_sum = keys.sum(dim=1, keepdim=True)  # [B*H, 1, D]: Σ φ(k_j)
-    real_v, n_real = _real_value_sums(v, mask, key_padding_mask is not None)
+    real_v, n_real = _real_value_sums(vf, mask, key_padding_mask is not None, heads)
     out = _normalised_output(phi_q.reshape(rows, seq_q, dim_f), state, key_sum, real_v, n_real, eps, feature_map)
     return cast_finite(out.view(batch, heads, seq_q, dim_v), v.dtype)
 
 
-def _real_value_sums(v, mask, padded):
-    """``(Σ_j v_j [B*H, 1, d], n [B*H, 1, 1])`` over the real keys (all keys without padding)."""
-    heads, dim_v = v.shape[1], v.shape[-1]
-    vf = v.float()
-    real_v = mask[:, None, None, :] @ vf if padded else vf.sum(dim=2, keepdim=True)
+def _real_value_sums(values, mask, padded, heads):
+    """``(Σ_j v_j [B*H, 1, d], n [B*H, 1, 1])`` over the real keys (all keys without padding), from
+    the float32 value rows ``values [B*H, N, d]`` (the copy the state's product reads: no other)."""
+    batch, seq = mask.shape
+    if padded:  # a [1, N] by [N, d] product per row, not a masked copy of the values
+        real_v = torch.matmul(mask[:, None, None, :], values.view(batch, heads, seq, -1))
+    else:
+        real_v = values.sum(dim=1, keepdim=True)
     n_real = mask.sum(dim=1).repeat_interleave(heads)  # the mask is all ones without padding
-    return real_v.reshape(-1, 1, dim_v), n_real.reshape(-1, 1, 1)
+    return real_v.reshape(-1, 1, values.shape[-1]), n_real.reshape(-1, 1, 1)
 
 
 def _normalised_output(phi_q, state, key_sum, real_v, n_real, eps, feature_map):
     """``(φ(q)·state + ε/n·Σv) / (φ(q)·Σφ(k) + ε)`` for ``phi_q [R, Nq, D]``, ``state [R, D, d]``,
     ``key_sum [R, 1, D]``, ``real_v [R, 1, d]``, ``n_real [R, 1, 1]`` (the guarded normaliser of the
     module docstring). Numerator and normaliser are separate products: a ``[D, d+1]`` state (the
-    normaliser as an extra column) costs ~40% more in the CPU's GEMM kernels than ``[D, d]``, and
-    a batched matrix-vector product more than a multiply-and-sum."""
+    normaliser as an extra column) costs ~40% more in the CPU's GEMM kernels than ``[D, d]``. The
+    normaliser is a matrix-vector ``bmm``: no ``[R, Nq, D]`` product as a multiply-and-sum makes,
+    and faster, forward and backward (torch 2.14, 2-core CPU: 0.49 against 0.70 ms forward at
+    R, Nq, D = 96, 512, 64)."""
     n_real = n_real.clamp_min(1.0)
     num = torch.baddbmm(real_v * (eps / n_real), phi_q, state)  # [R, Nq, d]
-    den = (phi_q * key_sum).sum(dim=-1, keepdim=True).add_(eps)  # [R, Nq, 1]
+    den = torch.bmm(phi_q, key_sum.transpose(1, 2)).add_(eps)  # [R, Nq, 1]
     return num.div_(guard_denominator(den, eps, feature_map))
 
 
 #: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (2 MiB fp32):
 #: 512 tokens of MiniLM-geometry LUNA (12 heads × 64 features); measured best at 512-1024 tokens
 CHUNK_ELEMENTS = 2**19
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(name, shape, device, dtype=torch.float32):
+    """A ``shape`` tensor (contents undefined) in this thread's buffer ``name``, kept between calls.
+
+    The chunked inference path writes its chunk-sized temporaries (scaled inputs, features, values,
+    partial products) into these instead of new tensors: in a user's process glibc's default
+    allocator maps a large block afresh and faults it in page by page whenever one is allocated,
+    and hands the top of its heap back to the system whenever enough of it is free
+    (docs/experiments/user-state). A buffer grows to the largest size asked for (chunks hold about
+    ``CHUNK_ELEMENTS`` values: a few MiB in all) and stays; :func:`release_scratch` frees them.
+    Only for calls without autograd (the next call overwrites a buffer); per thread, so concurrent
+    forwards never share one; buffers in use at the same time need distinct names.
+    """
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    key = (name, torch.device(device), dtype)
+    numel = math.prod(shape)
+    buffer = buffers.get(key)
+    if buffer is None or buffer.numel() < numel:
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode
+            buffer = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buffer[:numel].view(shape)
+
+
+def release_scratch():
+    """Free this thread's :func:`scratch` buffers."""
+    _SCRATCH.__dict__.pop("buffers", None)
 
 
 def _grad_needed(feature_map, *tensors):
@@ -205,34 +290,62 @@ def _chunk_tokens(rows, feature_dim, chunk_size):
 def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk):
     """:func:`linear_attention` over chunks of ``chunk`` tokens, for chunkable maps without
     autograd (features by ``feature_map.chunk_features``): keys chunk by chunk into the state
-    ``Σ φ(k_j)[v_j, 1]`` (:func:`_chunked_key_state`), then queries chunk by chunk against it,
-    written into the output."""
+    ``Σ φ(k_j) v_jᵀ`` and ``Σ φ(k_j)`` (:func:`_chunked_key_state`), then queries chunk by chunk
+    against it (:func:`_write_chunk_output`).
+
+    Memory: every chunk-sized temporary lives in :func:`scratch` buffers, stored head-major
+    (``[H, B, c, ·]``: the rows ``h·B + b`` of one ``bmm`` with no copy), and the output is made
+    in the ``[B, N, H, d]`` layout the caller's output projection reads and returned as a
+    ``[B, H, N, d]`` view (transposing it back is free): the call's one new full-size tensor, as
+    in SDPA."""
     head_dim = q.shape[-1]
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    root = scale**0.5
+    root = (head_dim**-0.5 if scale is None else float(scale)) ** 0.5
     batch, heads, seq_k, _ = k.shape
-    seq_q, dim_v = q.shape[2], v.shape[-1]
-    rows = batch * heads
+    seq_q = q.shape[2]
     padded = key_padding_mask is not None
     mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
-    state, key_sum = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
-    real_v, n_real = _real_value_sums(v, mask, padded)
-    out = torch.empty(batch, heads, seq_q, dim_v, dtype=v.dtype, device=v.device)
+    state, key_sum, real_v, n_real = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
+    bias = real_v.mul_(eps / n_real.clamp_min(1.0))  # ε/n·Σv, the numerator's guard term
+    out = torch.empty(batch, seq_q, heads, v.shape[-1], dtype=v.dtype, device=v.device)
     # the queries' own mask: the keys' one for self-attention, else all real (as a None mask is)
     query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
     for start in range(0, seq_q, chunk):
         stop = min(start + chunk, seq_q)
-        phi, _ = feature_map.chunk_features(q[:, :, start:stop].float() * root, query_mask, start)
-        part = _normalised_output(phi.reshape(rows, stop - start, -1), state, key_sum, real_v, n_real, eps,
-                                  feature_map)
-        out[:, :, start:stop] = cast_finite(part.view(batch, heads, stop - start, dim_v), v.dtype)
-    return out
+        phi, _ = _chunk_features(feature_map, q, query_mask, start, stop, root)
+        _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out[:, start:stop].permute(2, 0, 1, 3))
+    return out.transpose(1, 2)
+
+
+def _chunk_features(feature_map, x, mask, start, stop, root):
+    """``(φ rows [H*B, c, D], log-scale [B, H, c, 1] or None)`` of the tokens ``start:stop`` of
+    ``x [B, H, N, d]`` (times √scale), in :func:`scratch` buffers (head-major). A map that
+    ``writes_out`` writes its features into the buffer itself; another map's are copied there."""
+    batch, heads, _, dim = x.shape
+    scaled = scratch("linearize.x", (heads, batch, stop - start, dim), x.device)
+    part = x[:, :, start:stop].transpose(0, 1)
+    if x.dtype == torch.float32:
+        torch.mul(part, root, out=scaled)  # the contiguous copy a product needs anyway, scaled on the way
+    else:
+        scaled.copy_(part).mul_(root)  # to float32 first, as the one-shot path
+    given = scaled.transpose(0, 1)
+    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
+    if feature_map._forward_hooks or feature_map._forward_pre_hooks:
+        given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
+    if getattr(feature_map, "writes_out", False) and out is not None:
+        phi, log = feature_map.chunk_features(given, mask, start, out=out.transpose(0, 1))
+    else:
+        phi, log = feature_map.chunk_features(given, mask, start)
+    rows = phi.transpose(0, 1)
+    if out is None or rows.data_ptr() != out.data_ptr() or not rows.is_contiguous():
+        rows = scratch("linearize.phi", (heads, batch, stop - start, phi.shape[-1]), x.device).copy_(rows)
+    return rows.view(heads * batch, stop - start, -1), log
 
 
 def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
-    """``(state, key_sum)``: ``Σ_j φ(k_j) v_jᵀ`` ``[B*H, D, d]`` and ``Σ_j φ(k_j)`` ``[B*H, 1, D]``
-    accumulated chunk by chunk (every temporary chunk-sized: no full-length copy); padded keys
-    contribute nothing.
+    """``(state, key_sum, real_v, n_real)``, rows head-major (``h·B + b``): ``Σ_j φ(k_j) v_jᵀ``
+    ``[H*B, D, d]`` (a :func:`scratch` buffer), ``Σ_j φ(k_j)`` ``[H*B, 1, D]``, ``Σ_j v_j``
+    ``[H*B, 1, d]`` and the number of real keys ``[H*B, 1, 1]``, accumulated chunk by chunk
+    (no full-length temporary); padded keys contribute nothing.
 
     Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
     running max; when a chunk raises it, the sums so far are multiplied by
@@ -242,25 +355,49 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
     batch, heads, seq_k, _ = k.shape
     rows, dim_v = batch * heads, v.shape[-1]
     state = key_sum = top = None  # top: the running max of the keys' log-scales [B, H, 1, 1]
+    real_v = torch.zeros(rows, 1, dim_v, device=v.device)
     for start in range(0, seq_k, chunk):
         stop = min(start + chunk, seq_k)
-        keep = mask[:, None, start:stop, None]
-        phi, log = feature_map.chunk_features(k[:, :, start:stop].float() * root, mask, start)
+        phi, log = _chunk_features(feature_map, k, mask, start, stop, root)
+        by_head = phi.view(heads, batch, stop - start, -1)
         if log is not None:
-            phi, top, rescale = _log_scaled_chunk(phi, log, keep, top, padded)
+            top, rescale = _log_scaled_chunk(by_head.transpose(0, 1), log, mask[:, None, start:stop, None], top,
+                                             padded)[1:]
             if rescale is not None:  # not the first chunk: the sums so far exist
-                state.mul_(rescale.reshape(rows, 1, 1))
-                key_sum.mul_(rescale.reshape(rows, 1, 1))
+                state.mul_(rescale.transpose(0, 1).reshape(rows, 1, 1))
+                key_sum.mul_(rescale.transpose(0, 1).reshape(rows, 1, 1))
         elif padded:
-            phi = phi.mul_(keep)
-        values = v[:, :, start:stop].float().reshape(rows, stop - start, dim_v)
-        phi = phi.reshape(rows, stop - start, -1)
+            by_head.mul_(mask[None, :, start:stop, None])
+        values = scratch("linearize.v", (heads, batch, stop - start, dim_v), v.device)
+        values.copy_(v[:, :, start:stop].transpose(0, 1))  # float32, head-major
+        if padded:  # their φ is 0 already; zeroed values keep them out of Σv too
+            values.mul_(mask[None, :, start:stop, None])
+        values = values.view(rows, stop - start, dim_v)
         if state is None:
-            state, key_sum = torch.bmm(phi.transpose(1, 2), values), phi.sum(dim=1, keepdim=True)
+            state = scratch("linearize.state", (rows, phi.shape[-1], dim_v), v.device)
+            key_sum = phi.sum(dim=1, keepdim=True)
+            torch.bmm(phi.transpose(1, 2), values, out=state)
         else:
             state.baddbmm_(phi.transpose(1, 2), values)
-            key_sum += phi.sum(dim=1, keepdim=True)
-    return state, key_sum
+            key_sum += torch.sum(phi, dim=1, keepdim=True, out=scratch("linearize.sum", key_sum.shape, v.device))
+        real_v += torch.sum(values, dim=1, keepdim=True, out=scratch("linearize.sum", real_v.shape, v.device))
+    n_real = mask.sum(dim=1).repeat(heads)  # row h·B + b has sequence b's count
+    return state, key_sum, real_v, n_real.reshape(rows, 1, 1)
+
+
+def _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out):
+    """``(φ(q)·state + ε/n·Σv) / (φ(q)·Σφ(k) + ε)`` (the guarded normaliser of the module
+    docstring) for the query rows ``phi [H*B, c, D]``, written into ``out``, a ``[H, B, c, d]``
+    view of the output (the normaliser a matrix-vector ``bmm``, as in :func:`_normalised_output`)."""
+    heads, batch, size, dim_v = out.shape
+    num = torch.baddbmm(bias, phi, state, out=scratch("linearize.v", (heads * batch, size, dim_v), phi.device))
+    den = scratch("linearize.den", (heads * batch, size, 1), phi.device)
+    den = guard_denominator(torch.bmm(phi, key_sum.transpose(1, 2), out=den).add_(eps), eps, feature_map)
+    num, den = num.view(heads, batch, size, dim_v), den.view(heads, batch, size, 1)
+    if out.dtype == torch.float32:
+        torch.div(num, den, out=out)
+    else:
+        out.copy_(cast_finite(num.div_(den), out.dtype))
 
 
 def _log_scaled_chunk(phi, log, keep, top, padded):
@@ -268,7 +405,8 @@ def _log_scaled_chunk(phi, log, keep, top, padded):
     map: ``max`` is the running max ``top`` over the real keys so far, this chunk included (``-inf``
     while no real key was seen; then no shift); ``rescale`` ``exp(old − new max)`` ``[B, H, 1, 1]``
     is what the sums of the earlier chunks must be multiplied by (``None`` for the first chunk).
-    ``phi`` is scaled in place (no autograd on this path); padded keys (``keep`` 0) become 0."""
+    ``phi [B, H, c, D]`` is scaled in place (no autograd on this path); padded keys (``keep``
+    ``[B, 1, c, 1]``, 0) become 0: the mask enters the factor once, as ``-inf`` before the ``exp``."""
     masked = log.masked_fill(keep == 0, float("-inf")) if padded else log
     chunk_top = masked.amax(dim=(2, 3), keepdim=True)
     rescale = None
@@ -279,15 +417,14 @@ def _log_scaled_chunk(phi, log, keep, top, padded):
         rescale = torch.where(torch.isfinite(top), torch.exp(top - new_top), torch.zeros_like(top))
         top = new_top
     shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    factor = (log - shift).clamp_max(0.0)
-    if padded:
-        factor = factor.masked_fill(keep == 0, 0.0)
-    factor = torch.exp(factor)
-    return phi.mul_(factor * keep if padded else factor), top, rescale
+    # pads: -inf in ``masked``, so exp gives 0 there (one mask, no second multiply by keep)
+    factor = torch.sub(masked, shift).clamp_max_(0.0).exp_()
+    return phi.mul_(factor), top, rescale
 
 
 def kernel_matrix(q, k, feature_map, key_padding_mask=None, scale=None):
     """Unnormalised kernel values κ_ij = φ(q_i)ᵀφ(k_j) ``[B,H,Nq,Nk]`` (float32, pads 0)."""
+    check_attention_inputs(q, k, None, key_padding_mask, feature_map)
     phi_q, phi_k, _ = feature_maps(q, k, feature_map, key_padding_mask, scale)
     return phi_q @ phi_k.transpose(-1, -2)
 
@@ -295,6 +432,7 @@ def kernel_matrix(q, k, feature_map, key_padding_mask=None, scale=None):
 def linear_attention_weights(q, k, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
     """The quadratic form Â (float32, ``[B,H,Nq,Nk]``) of the same kernel and normaliser as
     :func:`linear_attention`: rows sum to one over real keys and are zero on padded keys."""
+    check_attention_inputs(q, k, None, key_padding_mask, feature_map)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     return normalised_kernel_rows(phi_q, phi_k, mask, eps)
 
@@ -313,6 +451,7 @@ def normalised_kernel_rows(phi_q, phi_k, mask, eps=DEFAULT_EPS):
 
 def quadratic_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, eps=DEFAULT_EPS):
     """Naive O(N²) reference: ``Â V``. Every fast path is tested against it."""
+    check_attention_inputs(q, k, v, key_padding_mask, feature_map)
     weights = linear_attention_weights(q, k, feature_map, key_padding_mask, scale, eps)
     return cast_finite(weights @ v.float(), v.dtype)
 
@@ -322,6 +461,7 @@ def softmax_attention_weights(q, k, key_padding_mask=None, scale=None, attn_bias
 
     Rows of a sequence with no real key are all zero (never NaN).
     """
+    check_attention_inputs(q, k, None, key_padding_mask)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else float(scale)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
@@ -339,6 +479,7 @@ def kernel_statistics(q, k, feature_map, key_padding_mask=None, scale=None):
     """Diagnostics of a feature map on given inputs: the fraction of negative kernel values
     among real query/key pairs (non-zero only for Flexformer's trigonometric features) and the
     fraction of exactly-zero feature entries (LUNA's and ReLU's dead features)."""
+    check_attention_inputs(q, k, None, key_padding_mask, feature_map)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     kappa = phi_q @ phi_k.transpose(-1, -2)
     pair_mask = mask[:, None, None, :].expand_as(kappa)

@@ -113,9 +113,37 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
     return models, refused, layers, partial
 
 
+def user_state_measure(models, reference, seq_lens, *, capped, processes, threads, batch_size, repeats, warmup,
+                       seed, softmax_max_bytes, log=None):
+    """Rows of ``{label: model}`` measured as a user's process gets them
+    (:mod:`linearize.bench.user_state`): each model saved to a temporary folder (a converted one
+    with its remote code, softmax as plain transformers), then timed in ``processes`` fresh
+    processes that load the folders with plain transformers; the labels of ``capped`` skip the
+    lengths where :func:`softmax_skip_reason` says so."""
+    import tempfile
+
+    from ..convert import is_converted, save
+    from .models import softmax_skip_reason
+    from .user_state import user_state_rows
+
+    first = models[reference]
+    skip = {label: [n for n in seq_lens if softmax_max_bytes is not None and
+                    softmax_skip_reason(first, batch_size, n, softmax_max_bytes)] for label in capped}
+    with tempfile.TemporaryDirectory(prefix="linearize-bench-") as root:
+        folders = {}
+        for index, (label, model) in enumerate(models.items()):
+            folders[label] = Path(root) / f"model{index}"
+            save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
+        return user_state_rows(folders, reference, seq_lens, processes=processes, threads=threads or 2,
+                               repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log)
+
+
 def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
-                   softmax_max_bytes=None, seed=0, log=None, placement=CPU, convert_sliding_window=False):
-    """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets."""
+                   softmax_max_bytes=None, seed=0, log=None, placement=CPU, convert_sliding_window=False,
+                   processes=0, threads=None):
+    """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets.
+    ``processes`` > 0: measured in that many fresh processes of plain transformers
+    (:func:`user_state_measure`); 0: in this process, with the models in memory."""
     from ..convert.positions import extend_positions
 
     base = base.eval()
@@ -136,10 +164,16 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
     if learned is None and limit is not None and longest > int(limit):
         info["positions"]["note"] = (f"lengths past config.max_position_embeddings={limit} run on positions that "
                                      "are not a learned table (ModernBERT's rotary positions: computed for any N)")
-    rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
-                           repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
-                           capped=[softmax_label, *partial], seed=seed, placement=placement,
-                           log=log and (lambda line: log(f"{name}: {line}")))
+    geometry_log = log and (lambda line: log(f"{name}: {line}"))
+    if processes:
+        rows = user_state_measure({softmax_label: softmax, **models}, softmax_label, seq_lens,
+                                  capped=[softmax_label, *partial], processes=processes, threads=threads,
+                                  batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed,
+                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log)
+    else:
+        rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
+                               repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
+                               capped=[softmax_label, *partial], seed=seed, placement=placement, log=geometry_log)
     labels = list(models)
     return {"geometry": name, "info": info, "methods": labels, "refused": refused, "rows": rows,
             "crossover": crossovers(rows, labels, softmax_label),
@@ -183,7 +217,7 @@ def _long_result(out_dir, specs, seq_lens, placement, settings):
 
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False):
+                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False, processes=0):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
@@ -192,7 +226,9 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     half the machine's memory; on CUDA half the GPU's). ``device`` / ``dtype`` / ``clock``:
     as :func:`linearize.bench.run_bench`. ``convert_sliding_window``: convert sliding-window layers
     too (ModernBERT's local layers, to windowed linear attention; by default they stay softmax).
-    Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
+    ``processes`` > 0: every model is timed in that many fresh processes that load its saved folder
+    with plain transformers, the state a user is in (:mod:`linearize.bench.user_state`; CPU only);
+    0: in this process. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
     ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
     ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
     ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
@@ -203,20 +239,24 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                              f"{warmup}")
     specs = method_specs(default_long_methods() if methods is None else methods)
     placement = Placement.parse(device, dtype, clock)
+    if processes and (placement.is_cuda or placement.dtype != "fp32" or placement.clock != "wall"):
+        raise LinearizeError("--processes times saved folders as a user loads them: fp32 on the CPU, wall clock; "
+                             "pass --processes 0 for another device, dtype or clock")
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
                    softmax_max_bytes=softmax_max_bytes, seed=seed)
     result = _long_result(out_dir, specs, seq_lens, placement,
                           {**measure, "convert_sliding_window": convert_sliding_window})
+    result["config"]["state"] = user_state_note(processes)
     started = time.time()
     with measuring(threads) as machine:
         result["machine"] = machine
         for name, model in named:
             model = geometry_model(name, seed) if model is None else model
             result["models"].append(bench_geometry(name, model, specs, seq_lens, **measure, log=log,
-                                                   placement=placement,
-                                                   convert_sliding_window=convert_sliding_window))
+                                                   placement=placement, convert_sliding_window=convert_sliding_window,
+                                                   processes=processes, threads=threads))
             result["elapsed_s"] = round(time.time() - started, 1)
             write_long(result)  # after every geometry: a crash keeps the finished ones
     result["complete"] = True
@@ -227,6 +267,16 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                 log(f"{entry['geometry']}: crossover {label}: {crossover_text(cross)}")
         log(f"wrote {result['files']['json']}, {result['files']['markdown']}")
     return result
+
+
+def user_state_note(processes):
+    """What state the models were timed in, for ``bench-long.json`` and its markdown."""
+    if processes:
+        return (f"user's process: each model's saved folder loaded with plain transformers (trust_remote_code, "
+                f"linearize not imported) in {processes} fresh processes, glibc's default allocator, "
+                "torch.inference_mode; figures are medians over the processes, with the lowest and highest")
+    return ("linearize's process: the models in memory in the `linearize bench` process, with the allocator "
+            "settings the linearize command applies (linearize.allocator)")
 
 
 def write_long(result):

@@ -10,7 +10,7 @@ import typer
 
 from ..config import MeasureConfig
 from ..errors import LinearizeError
-from .common import app, console, friendly_errors
+from .common import app, console, friendly_errors, writing_output
 from .config_options import config_options
 
 bench_app = typer.Typer(
@@ -40,13 +40,18 @@ def _ints(text, option="--seq-lens"):
     return values
 
 
+def _settings(measure, *drop):
+    """The checked measurement settings as keyword arguments, less the fields in ``drop``."""
+    return {k: v for k, v in measure.check().to_dict().items() if k not in drop}
+
+
 def _gib_bytes(gib):
     return None if gib is None else int(gib * 2**30)
 
 
 @bench_app.command("attention")
 @friendly_errors
-@config_options(MeasureConfig, into="measure")
+@config_options(MeasureConfig, exclude=("processes",), into="measure")
 def attention_command(
     out: OutOpt = Path("runs/bench"),
     methods: Annotated[Optional[str], typer.Option(
@@ -68,16 +73,18 @@ def attention_command(
     Example: linearize bench attention --methods 'luna,luna(projections=16),hedgehog' --seq-lens 512,4096 --model minilm
     On a GPU: linearize bench attention --device cuda --dtype bf16 --seq-lens 512,2048,8192,32768 --model none
     """
+    seq_lens = _ints(seq_lens) if seq_lens else None  # the arguments first: their errors answer before torch loads
+    model_seq_lens = _ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else None
+    settings = _settings(measure, "processes")
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, is_converted_folder, run_bench
 
     if is_converted_folder(model):
         raise LinearizeError(f"{model} is a converted model folder: measure its crossover with "
                              f"`linearize bench folder {model}`")
-    result = run_bench(out, methods=methods or None, seq_lens=_ints(seq_lens) if seq_lens else DEFAULT_SEQ_LENS,
-                       num_heads=num_heads, head_dim=head_dim,
-                       model=None if (model or "none").lower() == "none" else model,
-                       model_seq_lens=_ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else
-                       DEFAULT_MODEL_SEQ_LENS, **measure.check().to_dict(), log=console.print)
+    with writing_output(out):
+        result = run_bench(out, methods=methods or None, seq_lens=seq_lens or DEFAULT_SEQ_LENS, num_heads=num_heads,
+                           head_dim=head_dim, model=None if (model or "none").lower() == "none" else model,
+                           model_seq_lens=model_seq_lens or DEFAULT_MODEL_SEQ_LENS, **settings, log=console.print)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
 
 
@@ -105,19 +112,21 @@ def long_command(
 
     Example: linearize bench long --geometries minilm --out runs/bench-long
     """
-    from ..bench import run_long_bench
+    lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
+    settings = _settings(measure)
+    from ..bench import run_long_bench  # after the arguments' checks: they answer before torch loads
 
-    result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
-                            methods=methods or None, softmax_max_bytes=_gib_bytes(softmax_max_gib),
-                            convert_sliding_window=convert_sliding_window,
-                            **({"seq_lens": _ints(seq_lens)} if seq_lens else {}), **measure.check().to_dict(),
-                            log=console.print)
+    with writing_output(out):
+        result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
+                                methods=methods or None, softmax_max_bytes=_gib_bytes(softmax_max_gib),
+                                convert_sliding_window=convert_sliding_window, **lengths, **settings,
+                                log=console.print)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
 
 
 @bench_app.command("folder")
 @friendly_errors
-@config_options(MeasureConfig, into="measure")
+@config_options(MeasureConfig, exclude=("processes",), into="measure")
 def folder_command(
     directory: Annotated[Path, typer.Argument(help="A converted model folder (linearize convert's output).")],
     seq_lens: Annotated[Optional[str], typer.Option(
@@ -131,8 +140,11 @@ def folder_command(
 
     Example: linearize bench folder runs/minilm-hh-4k
     """
+    from ..convert.loading import read_conversion_record
+
+    lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
+    settings = _settings(measure, "processes")
+    read_conversion_record(directory)  # not a converted folder: one line before torch loads
     from ..bench import bench_folder
 
-    bench_folder(directory, softmax_max_bytes=_gib_bytes(softmax_max_gib),
-                 **({"seq_lens": _ints(seq_lens)} if seq_lens else {}), **measure.check().to_dict(),
-                 log=console.print)
+    bench_folder(directory, softmax_max_bytes=_gib_bytes(softmax_max_gib), **lengths, **settings, log=console.print)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import LinearizeError
+from ..launcher import launched_processes
 from ..threads import set_threads  # noqa: F401  (the commands' --threads)
 
 app = typer.Typer(
@@ -47,6 +49,8 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(
 @app.callback()
 def root():
     """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
+    if launched_processes() == 1:  # read from the environment: a plain command does not load torch here
+        return
     from ..training import is_main_process
 
     if not is_main_process():  # under torchrun / accelerate launch only the main process reports
@@ -75,53 +79,146 @@ def _under(path, root):
         return False
 
 
+def _temporary_of(path, root):
+    """``path`` is a temporary sibling of ``root`` (``.<name>.XXXX``, as the atomic writers make)."""
+    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
+    return (os.path.dirname(path) == os.path.dirname(root)
+            and os.path.basename(path).startswith(f".{os.path.basename(root)}."))
+
+
+def _given_paths(arguments):
+    return [str(value) for value in arguments if isinstance(value, (str, os.PathLike)) and str(value)]
+
+
 def is_user_path_error(error, arguments):
-    """A path error about a path the user named (or one inside it); elsewhere it is a bug."""
+    """A path error about a path the user named (or one inside it, or the temporary sibling an
+    atomic writer makes beside it); elsewhere it is a bug."""
     if not isinstance(error, PATH_ERRORS):
         return False
-    names = [name for name in (error.filename, error.filename2) if name is not None]
-    given = [str(value) for value in arguments if isinstance(value, (str, os.PathLike)) and str(value)]
-    return not names or any(_under(os.fsdecode(name), root) for name in names for root in given)
+    names = [os.fsdecode(name) for name in (error.filename, error.filename2) if name is not None]
+    given = _given_paths(arguments)
+    return not names or any(_under(name, root) or _temporary_of(name, root) for name in names for root in given)
+
+
+def user_path_message(error, arguments):
+    """The message of the path error ``error``, each temporary sibling it names (an internal
+    name) replaced by the user's path it stands for."""
+    message = str(error)
+    for name in (error.filename, error.filename2):
+        root = name is not None and next((root for root in _given_paths(arguments)
+                                          if _temporary_of(os.fsdecode(name), root)), None)
+        if root:
+            message = message.replace(repr(os.fsdecode(name)), repr(root))
+    return message
+
+
+#: what an interrupted command says (by its function's name), only what is true of it; others: "interrupted"
+INTERRUPTED = {
+    "convert_command": "interrupted: a conversion has nothing to resume (its output folder is written whole or not "
+                       "at all); run the same command again to start over",
+    "export_command": "interrupted: an export has nothing to resume (its file is written whole or not at all); run "
+                      "the same command again to start over",
+    "distill_command": "interrupted: run the same command again to resume from the last checkpoint in {out}.work "
+                       "(--no-resume would start afresh)",
+    "finetune_command": "interrupted: run the same command again to resume from the last checkpoint in {out}.work "
+                        "(--no-resume would start afresh)",
+    "run_command": "interrupted: run the same command again to resume (finished stages and checkpoints are kept)",
+    "compare_command": "interrupted: run the same command again to continue (finished runs are kept)",
+}
+
+
+@contextmanager
+def writing_output(path, option="--out"):
+    """A command's hold on its output folder ``path``, taken before any work: checked (a place it
+    cannot write is one line) and locked while the command writes it, so a second writer is
+    refused in one line (:func:`linearize.outputs.locked_output`). Under a launcher the main
+    process, which writes the outputs, holds the lock. Yields the checked path."""
+    from ..outputs import locked_output
+
+    main = launched_processes() == 1
+    if not main:
+        from ..training import is_main_process
+
+        main = is_main_process()
+    with locked_output(path, option=option, lock=main) as checked:
+        yield checked
+
+
+def check_arguments(model, *configs):
+    """What needs no torch, checked before a command loads it (the library checks it again): the
+    model's name (a mistyped folder) and the settings' types and ranges, so these errors answer at once."""
+    from ..convert.loading import check_model_name
+
+    check_model_name(model)
+    for config in configs:
+        config.check()
 
 
 def friendly_errors(command):
     """Map the user's errors to one line on stderr and a non-zero exit; anything else keeps its traceback.
 
-    User errors: :class:`LinearizeError` (exit 1), a path error on a path the user gave (exit 1) and a
-    bad option value (``typer.BadParameter``, exit 2 as when Typer itself rejects one). Every other
-    exception, a ``ValueError`` from a bug included, propagates with its traceback. With
-    ``LINEARIZE_DEBUG=1`` the user errors are raised with their traceback too.
+    User errors: :class:`LinearizeError` (exit 1), a path error on a path the user gave (exit 1), a
+    full disk (exit 1) and a bad option value (``typer.BadParameter``, exit 2 as when Typer itself
+    rejects one). Ctrl-C is one line saying what a re-run does (:data:`INTERRUPTED`), exit 130.
+    Every other exception, a ``ValueError`` from a bug included, propagates with its traceback.
+    With ``LINEARIZE_DEBUG=1`` the user errors are raised with their traceback too.
     """
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (LinearizeError, typer.BadParameter, *PATH_ERRORS) as error:
-            user_error = not isinstance(error, PATH_ERRORS) or is_user_path_error(error, [*args, *kwargs.values()])
-            if not user_error or debug_enabled():
+        except KeyboardInterrupt:
+            if debug_enabled():  # where it was when interrupted
                 raise
-            message = error.format_message() if isinstance(error, typer.BadParameter) else str(error)
+            said = INTERRUPTED.get(command.__name__, "interrupted").format(out=kwargs.get("out") or "<out>")
+            err_console.print(escape(said), highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+        except (LinearizeError, typer.BadParameter, OSError) as error:
+            message = user_error_message(error, [*args, *kwargs.values()])
+            if message is None or debug_enabled():
+                raise
             err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2 if isinstance(error, typer.BadParameter) else 1) from None
 
     return wrapper
 
 
+def user_error_message(error, arguments):
+    """The one line of a user's error (a path error on a path in ``arguments``, a full disk
+    anywhere, a :class:`LinearizeError`, a bad option value), or None for a bug."""
+    from ..outputs import is_disk_full, write_error
+
+    if isinstance(error, typer.BadParameter):
+        return error.format_message()
+    if isinstance(error, LinearizeError):
+        return str(error)
+    if is_disk_full(error):  # never a bug, wherever it happens
+        return str(write_error(os.fsdecode(error.filename or "a file"), error.errno, atomic=False))
+    if isinstance(error, PATH_ERRORS) and is_user_path_error(error, arguments):
+        return user_path_message(error, arguments)
+    return None
+
+
 def parse_layers(text):
-    """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers)."""
+    """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers). A list that names no layer
+    (``--layers ''``) is an error: it would convert nothing."""
     if text is None:
         return None
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        layers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
+    if not layers:
+        raise LinearizeError(f"--layers {text!r} names no layer: give comma-separated layer indices (example: 0,2,4), "
+                             "or leave --layers out to convert every layer")
+    return layers
 
 
 #: the data options of `linearize distill` / `finetune` / `eval text`, made from DataConfig's fields
 TEXT_DATA_FIELDS = ("data_dir", "data_file", "train_file", "validation_file", "test_file", "text_column",
-                    "text_pair_column", "label_column", "dev_fraction", "max_length", "max_train_examples",
-                    "max_eval_examples")
+                    "text_pair_column", "label_column", "regression", "dev_fraction", "max_length",
+                    "max_train_examples", "max_eval_examples")
 
 
 def print_scores(result, title):

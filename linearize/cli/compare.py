@@ -7,8 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..attention.feature_maps import default_comparison
-from .common import ThreadsOpt, app, console, friendly_errors, set_threads
+from .common import ThreadsOpt, app, console, friendly_errors, set_threads, writing_output
 from .run import SetOpt
 
 
@@ -17,7 +16,9 @@ from .run import SetOpt
 def compare_command(
     recipe: Annotated[Optional[str], typer.Argument(help="Recipe (default minilm-moviereviews) or YAML file.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-O", help="Folder (default runs/compare-<recipe>).")] = None,
-    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = ",".join(default_comparison()),
+    methods: Annotated[Optional[str], typer.Option(
+        help="Comma-separated methods (default: every method `linearize methods` lists but relu and softmax).",
+        show_default=False)] = None,
     seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
     without_stage1: Annotated[bool, typer.Option(
         "--without-stage1/--no-without-stage1", help="Also run each learnable method without stage 1.")] = True,
@@ -37,15 +38,17 @@ def compare_command(
     Finished runs in --out are reused: re-running continues an interrupted comparison.
     Example: linearize compare --methods luna,hedgehog,t2r --seeds 0,1,2
     """
-    from ..compare import compare, parse_variant, render
     from ..recipes import load_recipe, parse_set
 
     set_threads(threads)
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
     out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
-    table = compare(resolved, out, methods=[m.strip() for m in methods.split(",") if m.strip()],
-                    seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
-                    settings=dict(parse_variant(v) for v in variant) if variant else None,
-                    teachers_from=teachers_from, table_only=table_only, log=console.print)
+    with writing_output(out):
+        from ..compare import compare, parse_variant, render  # after the recipe's checks
+
+        table = compare(resolved, out, methods=[m.strip() for m in (methods or "").split(",") if m.strip()] or None,
+                        seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
+                        settings=dict(parse_variant(v) for v in variant) if variant else None,
+                        teachers_from=teachers_from, table_only=table_only, log=console.print)
     console.print(render(table))
     console.print(f"written to {out / 'compare.md'}")

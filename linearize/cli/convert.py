@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import PositionsConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
-from .common import HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, friendly_errors, parse_layers
+from .common import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, err_console,
+                     friendly_errors, parse_layers, writing_output)
 from .config_options import config_options
 
 
@@ -73,28 +75,70 @@ def convert_command(
     Larger images: linearize convert vit-base --method hedgehog --image-size 384 --out runs/vit-hh-384
     ModernBERT's local layers too: linearize convert MODEL --method hedgehog --convert-sliding-window --out DIR
     """
-    from ..convert import convert_checkpoint
+    from ..convert.loading import check_source
 
-    info = convert_checkpoint(model, method, out, layers=parse_layers(layers), options=parse_options(option),
-                              overwrite=overwrite, allow_pickle=allow_pickle, head=head, num_labels=num_labels,
-                              **positions.to_dict(), **sliding.to_dict())
+    layers, options = parse_layers(layers), parse_options(option)
+    check_source(model, allow_pickle=allow_pickle)  # a mistyped name or folder is one line before torch loads
+    with writing_output(out):
+        from ..convert import convert_checkpoint
+
+        info = convert_checkpoint(model, method, out, layers=layers, options=options, overwrite=overwrite,
+                                  allow_pickle=allow_pickle, head=head, num_labels=num_labels,
+                                  **positions.to_dict(), **sliding.to_dict())
     print_summary(info)
 
 
 @app.command("info")
 @friendly_errors
-def info_command(directory: Annotated[Path, typer.Argument(help="A converted model folder.")]):
+def info_command(
+    directory: Annotated[Optional[Path], typer.Argument(help="A converted model folder.", show_default=False)] = None,
+    env: Annotated[bool, typer.Option("--env", help="Show the installed versions of torch, transformers, ... "
+                                                    "against the ones linearize was tested with.")] = False,
+):
     """Show what a converted model is: method, options, converted layers, parameter overhead, and
     the crossover against softmax `linearize bench folder DIR` measured (with the machine).
 
     Example: linearize info runs/minilm-luna
+    The installed versions against the tested ones: linearize info --env
     """
-    from ..convert import summary
+    from ..convert.loading import read_conversion_record
+
+    if env:
+        print_environment()
+    if directory is None:
+        if env:
+            return
+        raise LinearizeError("give a converted model folder (linearize info DIR), or --env for the installed "
+                             "versions")
+    read_conversion_record(directory)  # not a converted folder: one line before torch loads
     from ..bench import folder_speed_lines, read_folder_bench
+    from ..convert import summary
 
     info = summary(directory)
     speed = read_folder_bench(directory)
     print_summary(info, speed=folder_speed_lines(speed) if speed else None)
+
+
+def print_environment():
+    """The installed versions against the tested ones (``linearize.tested``), and a warning line
+    for each that differs; reads package metadata only, so it answers without loading torch."""
+    import platform
+
+    from ..tested import untested_warnings, version_rows
+    from ..version import __version__
+
+    rows = version_rows()
+    console.print(f"linearize {__version__}, Python {platform.python_version()}, {platform.platform()}",
+                  highlight=False, soft_wrap=True)
+    table = Table(title="installed and tested versions")
+    for column in ("package", "installed", "tested"):
+        table.add_column(column)
+    for package, installed, tested, same in rows:
+        mark = "" if same or installed is None else " [bold yellow](differs)[/]"
+        table.add_row(package, (installed or "not installed") + mark, tested)
+    console.print(table)
+    for line in untested_warnings(rows):
+        err_console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def print_summary(info, speed=None):

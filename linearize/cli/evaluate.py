@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config import DataConfig
-from .common import TEXT_DATA_FIELDS, ThreadsOpt, app, friendly_errors, print_scores, set_threads
+from .common import TEXT_DATA_FIELDS, ThreadsOpt, app, check_arguments, friendly_errors, print_scores, set_threads
 from .config_options import config_options
 
 eval_app = typer.Typer(help="Evaluate a model (converted or softmax) on GLUE, text files or images.",
@@ -18,6 +18,13 @@ app.add_typer(eval_app, name="eval")
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write the scores to this JSON file.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Evaluation batch size.")]
+
+
+def _checked_json(json_path):
+    """``--json``'s file, checked before the evaluation runs: a place it cannot be written is one line."""
+    from ..outputs import check_output_file
+
+    return None if json_path is None else check_output_file(json_path, option="--json")
 
 
 def _report(result, json_path):
@@ -44,6 +51,8 @@ def eval_glue(
 
     Example: linearize eval glue runs/bert-luna/model --task mrpc --data-dir ~/glue_data
     """
+    json_path = _checked_json(json_path)
+    check_arguments(model, data)
     from ..data import glue_task_name
     from ..pipeline import evaluate_model
 
@@ -70,6 +79,8 @@ def eval_text(
 
     Example: linearize eval text runs/minilm-moviereviews-luna/model --task moviereviews
     """
+    json_path = _checked_json(json_path)
+    check_arguments(model, data)
     from ..pipeline import evaluate_model
 
     set_threads(threads)
@@ -91,6 +102,8 @@ def eval_image(
 
     Example: linearize eval image runs/vit-fashionmnist-luna/model --dataset fashion-mnist
     """
+    json_path = _checked_json(json_path)
+    check_arguments(model, data)
     from ..pipeline import evaluate_model
 
     set_threads(threads)

@@ -9,7 +9,7 @@ import typer
 
 from ..recipes import parse_options
 from .common import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, console, friendly_errors, parse_layers,
-               set_threads)
+               set_threads, writing_output)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]
@@ -47,7 +47,6 @@ def run_command(
     linearize run bert-base-glue --task mrpc --set data.data_dir=~/glue;
     linearize run minilm-embeddings --train-file my_sentences.txt
     """
-    from ..pipeline import run
     from ..recipes import load_recipe, parse_set
 
     set_threads(threads)
@@ -63,8 +62,22 @@ def run_command(
         overrides["options"] = parse_options(option)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
     out = out or Path("runs") / f"{resolved.name}-{resolved.method}{'-quick' if quick else ''}"
-    report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from,
-                 report_to=report_to)
+    with writing_output(out):
+        from ..pipeline import run  # after the recipe's checks: they answer before torch loads
+
+        report = run(resolved, out, overwrite=overwrite, log=console.print, teacher_from=teacher_from,
+                     report_to=report_to)
+    console.print(f"[bold]done:[/] {out}: {final_summary(report)}; see {out / 'report.md'}")
+
+
+def final_summary(report):
+    """The run's last line (after ``done: <out>:``): the student's recovery, and a warning when the
+    teacher is at chance (``Report.chance_warning``): then the recovery says nothing."""
     recovery = report.recovery()
-    console.print(f"[bold]done:[/] {out}: student keeps {recovery.average:.1f}% of the teacher's "
-                  f"{report.primary_metric} on the {recovery.split} split; see {out / 'report.md'}")
+    if recovery.average is None:
+        text = f"no student score on the {recovery.split} split, so the recovery is unknown"
+    else:
+        text = (f"student keeps {recovery.average:.1f}% of the teacher's {report.primary_metric} on the "
+                f"{recovery.split} split")
+    warning = report.chance_warning()
+    return f"{text}, but {warning}" if warning else text

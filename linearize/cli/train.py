@@ -9,8 +9,8 @@ import typer
 
 from ..config import DataConfig, FinetuneConfig, Stage1Config
 from ..recipes import parse_options
-from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, console, friendly_errors,
-               parse_layers, print_scores, set_threads)
+from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, check_arguments, console,
+                     friendly_errors, parse_layers, print_scores, set_threads, writing_output)
 from .config_options import config_options
 
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
@@ -48,12 +48,14 @@ def distill_command(
 
     Example: linearize distill runs/minilm-luna --task moviereviews --out runs/minilm-luna-s1
     """
-    from ..pipeline import distill_model
-
+    options, layers = parse_options(option), parse_layers(layers)
+    check_arguments(model, config, data)
     set_threads(threads)
-    result = distill_model(model, task, out, method=method, options=parse_options(option),
-                           layers=parse_layers(layers), config=config, data=data, overwrite=overwrite,
-                           resume=resume, keep_work=keep_work, log=console.print)
+    with writing_output(out):
+        from ..pipeline import distill_model
+
+        result = distill_model(model, task, out, method=method, options=options, layers=layers, config=config,
+                               data=data, overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")
@@ -92,13 +94,15 @@ def finetune_command(
     The same command fine-tunes a plain softmax checkpoint: that is how a teacher is made.
     Example: linearize finetune minilm --task moviereviews --out runs/teacher --lr 5e-5 --epochs 3
     """
+    check_arguments(model, FinetuneConfig(**settings), data)
     from ..finetune import recipe as finetune_recipe
     from ..pipeline import finetune_model
 
     set_threads(threads)
     config = finetune_recipe(recipe, **settings)
-    result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
-                            resume=resume, teacher=teacher, keep_work=keep_work, log=console.print)
+    with writing_output(out):
+        result = finetune_model(model, task, out, config=config, head=head, data=data, overwrite=overwrite,
+                                resume=resume, teacher=teacher, keep_work=keep_work, log=console.print)
     kept = ": the stage-1 model as given, no epoch beat it on dev" if result.best_epoch == 0 else ""
     print_scores(result.scores, f"best checkpoint (epoch {result.best_epoch}{kept}) on {task}")
     console.print(f"saved to {out}")

@@ -9,6 +9,7 @@ and the ``linearize`` config block (HF models also their self-contained remote c
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
@@ -32,13 +33,34 @@ def _version():
 
 
 def _check_layers(layers, count):
+    """The sorted indices ``layers`` names (None: all ``count`` layers); a one-line ``LinearizeError``
+    unless it is a non-empty list of distinct integers in ``0..count-1``: nothing is rounded (0.5 is
+    not layer 0) and an empty list is no conversion at all."""
     if layers is None:
         return list(range(count))
-    layers = sorted({int(i) for i in layers})
-    bad = [i for i in layers if not 0 <= i < count]
-    if bad:
-        raise LinearizeError(f"layers {bad} out of range: the model has {count} attention layers (0..{count - 1})")
-    return layers
+    problem = _layers_problem(layers, count)
+    if problem:
+        raise LinearizeError(f"layers {layers!r}: {problem}; give a non-empty list of distinct integers in "
+                             f"0..{count - 1} (the model has {count} attention layers), or none for all")
+    return sorted(int(index) for index in layers)
+
+
+def _layers_problem(layers, count):
+    """What is wrong with the layer list ``layers`` of a model with ``count`` attention layers, or None."""
+    if not isinstance(layers, (list, tuple, set, frozenset, range)):
+        return "not a list"
+    if not layers:
+        return "names no layer"
+    seen = set()
+    for index in layers:
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            return f"{index!r} is not an integer"
+        if not 0 <= index < count:
+            return f"{index} is out of range"
+        if index in seen:
+            return f"{index} is named twice"
+        seen.add(index)
+    return None
 
 
 def _choose_layers(layers, count, sliding, convert_sliding_window):
@@ -81,15 +103,69 @@ def check_convertible(model, method, *, layers=None, **options):
     check_method_options(method, options)
     if is_converted(model):
         raise LinearizeError("this model is already converted; start from its softmax source")
-    _check_layers(layers, len(attention_modules(model)))
+    check_memory(model, method, _check_layers(layers, len(attention_modules(model))), options)
+
+
+#: the share of the machine's memory the feature maps of a conversion may take: the model, the
+#: temporaries of their construction and their training (gradients, AdamW's moments) need the rest
+FEATURE_MAP_MEMORY_SHARE = 0.5
+
+
+def feature_map_bytes(model, method, layers, options):
+    """Bytes of the parameters and buffers that ``method``'s feature maps on ``layers`` add to
+    ``model`` (in its dtype), counted on PyTorch's meta device: nothing is allocated, and a map
+    that cannot be built for this geometry raises its one-line error here."""
+    import torch
+
+    from ..attention.feature_maps import create_feature_map
+
+    modules = attention_modules(model)
+    reference = next(model.parameters(), None)
+    element = torch.empty((), dtype=reference.dtype if reference is not None else torch.float32).element_size()
+    sizes = {}
+    for index in layers:
+        geometry = _head_geometry(model, modules[index][1])
+        if geometry not in sizes:
+            with torch.device("meta"):
+                fm = create_feature_map(method, *geometry, **options)
+            sizes[geometry] = sum(t.numel() for t in (*fm.parameters(), *fm.buffers())) * element
+    return sum(sizes[_head_geometry(model, modules[index][1])] for index in layers)
+
+
+def _head_geometry(model, module):
+    """``(head_dim, num_heads)`` of one attention module (a timm block's own, else the HF config's)."""
+    if backend_for(model).name == "timm":
+        return module.head_dim, module.num_heads
+    return hf_attention.head_geometry(model.config)
+
+
+def check_memory(model, method, layers, options):
+    """A one-line ``LinearizeError`` when the feature maps of ``layers`` would take more than
+    :data:`FEATURE_MAP_MEMORY_SHARE` of this machine's memory (a huge option value), naming the
+    options to lower; checked before any map is allocated."""
+    from ..machine import physical_memory
+
+    memory = physical_memory()
+    if not memory or not layers:
+        return
+    needed = feature_map_bytes(model, method, layers, options)
+    if needed <= memory * FEATURE_MAP_MEMORY_SHARE:
+        return
+    size_options = sorted((key for key, value in options.items() if key != "seed" and isinstance(value, int)
+                    and not isinstance(value, bool)), key=lambda key: -options[key])
+    lower = f"lower {', '.join(f'{key} (now {options[key]:,})' for key in size_options)}" if size_options else \
+        "convert fewer layers"
+    raise LinearizeError(f"{method}'s feature maps would take {needed / 2**30:,.1f} GiB ({len(layers)} layers), more "
+                         f"than {FEATURE_MAP_MEMORY_SHARE:.0%} of this machine's {memory / 2**30:,.1f} GiB of "
+                         f"memory: {lower}")
 
 
 def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, image_size=None,
             convert_sliding_window=None, **options):
     """Replace softmax self-attention by ``method`` in place and return the model.
 
-    ``layers``: indices of the attention layers to convert (default all but sliding-window layers);
-    the others stay softmax. ``convert_sliding_window`` (``config.SlidingWindowConfig``): also convert
+    ``layers``: indices of the attention layers to convert (default all but sliding-window layers),
+    a non-empty list of distinct integers; the others stay softmax. ``convert_sliding_window`` (``config.SlidingWindowConfig``): also convert
     sliding-window layers (ModernBERT's local layers), to windowed linear attention (a local layer
     never becomes global). ``options``: the method's options (``linearize.method_options(method)``).
     ``max_length`` / ``position_init`` (``config.PositionsConfig``): extend a learned position
@@ -97,7 +173,8 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     ``image_size`` (``config.PositionsConfig``): make a vision model take S×S images, its position
     grid interpolated as in the ViT paper, §3.2 (``convert.resolution``).
     Pretrained weights are untouched; each converted attention module gains a
-    ``linearize_map`` submodule holding the method's parameters and buffers.
+    ``linearize_map`` submodule holding the method's parameters and buffers (their size is checked
+    against the machine's memory first: :func:`check_memory`).
     """
     check_method_options(method, options)
     modules = attention_modules(model)
@@ -110,6 +187,7 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
     image_size = resolution.check_image_size(model, image_size)
+    check_memory(model, method, chosen, options)
     before = sum(p.numel() for p in model.parameters())
     found = backend.record(model, source)  # before attach: the model's own class and attention
     backend.attach(model, method, chosen, options)

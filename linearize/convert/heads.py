@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import LinearizeError
+
 
 @dataclass(frozen=True)
 class Head:
@@ -62,3 +64,22 @@ def head_for_class(class_name):
 def auto_class_for(head_name):
     """The Auto class name of a ``--head`` value, or None when no such head exists."""
     return cli_heads().get(head_name)
+
+
+def heads_for_model_type(model_type):
+    """The ``--head`` values transformers can build for ``model_type`` (``bert``: base,
+    sequence-classification, ...), or None for a model type it does not know (custom code)."""
+    from transformers.models.auto import modeling_auto
+
+    fits = [head.name for head in HEADS
+            if head.name and model_type in getattr(modeling_auto, head.auto_mapping, {})]
+    return fits or None
+
+
+def check_head_fits(head_name, model_type, name):
+    """A one-line ``LinearizeError`` when transformers has no ``head_name`` head for ``model_type``
+    (``--head image-classification`` on BERT), listing the heads it has; ``name``: the model's."""
+    fits = heads_for_model_type(model_type)
+    if fits is not None and head_name not in fits:
+        raise LinearizeError(f"head {head_name!r} does not fit {name}, a {model_type} model; heads that do: "
+                             f"{', '.join(fits)}")

@@ -7,11 +7,13 @@ Only safetensors weights are loaded unless the user passes ``allow_pickle=True``
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 from ..errors import LinearizeError
 from .record import ConversionRecord
-from .heads import cli_heads
+from .heads import check_head_fits, cli_heads
 
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
@@ -79,13 +81,15 @@ def _check_safetensors(path):
 HEADS = cli_heads()
 
 
-def model_class_for(config, head=None):
-    """The transformers class to load: the checkpoint's own architecture, or the head's Auto class."""
+def model_class_for(config, head=None, name=None):
+    """The transformers class to load: the checkpoint's own architecture, or the head's Auto class
+    (one that fits the config's model type; ``name``: the model's, for the error)."""
     import transformers
 
     if head is not None:
         if head not in HEADS:
             raise LinearizeError(f"unknown head {head!r}; valid heads: {', '.join(HEADS)}")
+        check_head_fits(head, getattr(config, "model_type", None), name or "the model")
         return getattr(transformers, HEADS[head])
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
@@ -123,26 +127,72 @@ def check_not_converted(path):
                              f"(see `linearize info {path}`)")
 
 
-def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
-    """Load a pretrained (softmax) model by folder, Hub id or alias; errors are one line."""
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class PlainText(logging.Filter):
+    """Strips terminal colour codes from a log record: transformers' LOAD REPORT (a new head's
+    MISSING weights) colours its title whatever the output, raw codes in a log file."""
+
+    def filter(self, record):
+        record.msg, record.args = ANSI_CODES.sub("", record.getMessage()), ()
+        return True
+
+
+def plain_transformers_logs():
+    """Make transformers' log lines plain text when stderr is not a terminal (a log, a pipe)."""
+    import sys
+
     import transformers
 
+    if sys.stderr is not None and sys.stderr.isatty():
+        return
+    for handler in transformers.utils.logging.get_logger().handlers:
+        if not any(isinstance(existing, PlainText) for existing in handler.filters):
+            handler.addFilter(PlainText())
+
+
+def check_model_name(name):
+    """The folder or Hub id that ``name`` (a folder, Hub id or alias) stands for; a one-line
+    ``LinearizeError`` for a name that is neither (a path that does not exist). Loads nothing
+    heavy: the command line checks its arguments with it before importing torch."""
     resolved = resolve_model_name(name)
     path = Path(resolved)
-    local = path.is_dir()
-    if local:
+    if not path.is_dir() and (path.exists() or resolved.startswith((".", "/")) or resolved.count("/") > 1):
+        raise LinearizeError(f"{name} is neither a model folder nor a Hub id (like google-bert/bert-base-uncased)")
+    return resolved
+
+
+def check_source(name, *, allow_pickle=False):
+    """:func:`check_model_name`, and a local folder must be a softmax Hugging Face model folder with
+    safe weights (a one-line ``LinearizeError`` if not); returns the folder or Hub id. Without torch."""
+    resolved = check_model_name(name)
+    path = Path(resolved)
+    if path.is_dir():
         if not (path / "config.json").is_file():
             raise LinearizeError(f"{path} has no config.json: not a Hugging Face model folder")
         check_not_converted(path)
         check_weights(path, allow_pickle=allow_pickle)
-    elif path.exists() or resolved.startswith((".", "/")) or resolved.count("/") > 1:
-        raise LinearizeError(f"{name} is neither a model folder nor a Hub id (like google-bert/bert-base-uncased)")
+    return resolved
+
+
+def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
+    """Load a pretrained (softmax) model by folder, Hub id or alias; errors are one line."""
+    import transformers
+
+    plain_transformers_logs()
+
+    resolved = check_source(name, allow_pickle=allow_pickle)
+    path = Path(resolved)
+    local = path.is_dir()
     if head is not None or "num_labels" in kwargs:
         kwargs.setdefault("ignore_mismatched_sizes", True)  # a new head replaces the checkpoint's
     try:
         config = transformers.AutoConfig.from_pretrained(resolved)
-        cls = model_class_for(config, head)
+        cls = model_class_for(config, head, name)
         model = cls.from_pretrained(resolved, use_safetensors=None if allow_pickle else True, **kwargs)
+    except LinearizeError:  # a ValueError already in one line (a head that does not fit)
+        raise
     except config_errors() as error:
         if local:
             raise LinearizeError(f"could not load {path}: {error_summary(error)}") from None
@@ -170,6 +220,16 @@ def read_conversion_record(directory):
         raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
                              "block); convert it first with `linearize convert`")
     return data, ConversionRecord.from_block(data["linearize"])
+
+
+def converted_folder(path):
+    """The converted model folder ``path`` names: the folder itself, or a run folder's ``model/``
+    (``linearize run``); a one-line ``LinearizeError`` if it is neither (:func:`read_conversion_record`)."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
+        path = path / "model"
+    read_conversion_record(path)
+    return path
 
 
 def check_loading_info(directory, info):

@@ -14,9 +14,15 @@
 - ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` IDX files (or ``data_dir``);
 - ``imagefolder``: ``data_dir/<split>/<class>/<image>``;
 - ``files``: local CSV/TSV/JSON/JSONL (``train_file``, ``validation_file``, ``test_file``;
-  passing ``train_file`` with any other name also means files);
+  passing ``train_file`` with a name that is no built-in task also means files); labels are
+  class names, a score with ``is_regression`` (``data.regression``);
 - anything else: a Hub data set id; text or image is told by its features (an ``Image``
   column means image).
+
+Each kind of task reads some of the data options (:data:`TASK_OPTIONS`) and refuses the others
+in one line, as it does a data file that does not exist (:func:`check_task_options`): a
+``train_file`` given to ``moviereviews`` would otherwise be ignored, the run trained on movie
+reviews.
 
 Splits are ``train``, ``validation`` (model selection) and, when the source has one, a
 labelled ``test`` (reported only). ``dev_fraction`` carves ``validation`` out of ``train``
@@ -27,6 +33,8 @@ that need them.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..errors import LinearizeError
 from .collate import make_dataloaders, text_dataloader, text_dataloaders, tokenize_dataset
@@ -102,38 +110,89 @@ def image_spec(name, data) -> TaskSpec:
                     metric_names=metrics, eval_splits=_eval_splits(data))
 
 
+#: the data options of each kind of task (``task_kind``) that it reads; every other one of
+#: :data:`CHECKED_OPTIONS` given is refused (a setting that cannot take effect is an error)
+TASK_OPTIONS = {
+    "glue": ("data_dir",),
+    "moviereviews": ("data_file", "data_dir"),
+    "embeddings": ("data_file", "data_dir", "train_file", "validation_file", "test_file"),
+    "fashion-mnist": ("data_dir",),
+    "imagefolder": ("data_dir",),
+    "files": ("train_file", "validation_file", "test_file", "text_pair_column", "label_column"),
+    "hub": ("text_pair_column", "label_column"),
+}
+#: the options a task may not read; ``text_column`` has a default ("text"), so it cannot tell
+#: a user's choice and is not among them
+FILE_OPTIONS = ("train_file", "validation_file", "test_file", "data_file")
+CHECKED_OPTIONS = ("data_dir", *FILE_OPTIONS, "text_pair_column", "label_column")
+
+
+def task_kind(name, train_file=None) -> str:
+    """The kind of task ``name`` names (a key of :data:`TASK_OPTIONS`); ``train_file`` given with
+    a name that is no built-in task means ``files``."""
+    lower = str(name).strip().lower()
+    if glue_task_name(lower) is not None:
+        return "glue"
+    if lower in POLARITY_CORPORA:
+        return "moviereviews"
+    if lower in EMBEDDING_NAMES:
+        return "embeddings"
+    if lower in FASHION_MNIST_NAMES:
+        return "fashion-mnist"
+    if lower in ("imagefolder", "files"):
+        return lower
+    return "files" if train_file is not None else "hub"
+
+
+def option_flag(name) -> str:
+    """A data option as the user sets it: ``--train-file (data.train_file)``."""
+    return f"--{name.replace('_', '-')} (data.{name})"
+
+
+def check_task_options(name, kind, options):
+    """Refuse, in one line, a data option in ``options`` (``{field: value}``, None = not given)
+    that task ``name`` of kind ``kind`` does not read, and a data file that does not exist: the
+    run would otherwise train on other data than the user's and report success."""
+    for option in CHECKED_OPTIONS:
+        if options.get(option) is None or option in TASK_OPTIONS[kind]:
+            continue
+        readers = [task for task, read in TASK_OPTIONS.items() if option in read and task != "hub"]
+        if kind == "files" and option == "data_file":
+            hint = "pass your file as --train-file (a dev split is carved from it)"
+        elif "files" in readers:
+            hint = "pass --task files to train on your CSV/TSV/JSON(L) files"
+        else:
+            hint = f"pass a task that reads it ({', '.join(readers)})"
+        raise LinearizeError(f"task {name!r} does not read {option_flag(option)}, so it would be ignored: {hint}, "
+                             f"or leave it out (--set data.{option}= unsets a recipe's)")
+    for option in FILE_OPTIONS:
+        path = options.get(option)
+        if path is not None and not Path(path).exists():
+            raise LinearizeError(f"{option_flag(option)} {path}: no such file; check the path")
+        if path is not None and Path(path).is_dir() and option != "data_file":
+            raise LinearizeError(f"{option_flag(option)} {path} is a folder; pass a CSV/TSV/JSON(L) file")
+
+
 def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, validation_file=None, test_file=None,
                    config=None, text_column="text", text_pair_column=None, label_column=None, image_column=None,
                    is_regression=False, dev_fraction=None, seed=0, cache_dir=None):
-    """Load a task's splits and describe it: ``(DatasetDict, TaskSpec)``; see the module docstring."""
+    """Load a task's splits and describe it: ``(DatasetDict, TaskSpec)``; see the module docstring.
+    A data option the task does not read, or a data file that does not exist, is a one-line
+    error before anything loads (:func:`check_task_options`)."""
     key = str(name).strip()
-    lower = key.lower()
-    glue = glue_task_name(lower)
-    if glue is not None:
-        data = load_glue(glue, data_dir=data_dir, cache_dir=cache_dir)
-        if dev_fraction:  # GLUE's own dev set is the usual selection split; carving is opt-in
-            data = carve_dev_split(data, dev_fraction, seed=seed)
-        return data, glue_spec(glue, data)
-    if lower in POLARITY_CORPORA:
-        corpus = POLARITY_CORPORA[lower]
-        data = load_moviereviews(seed=seed, dev_fraction=0.1 if dev_fraction is None else dev_fraction,
-                                 path=data_file or data_dir, corpus=corpus)
-        return data, text_spec(corpus.name, data, ("text",), POLARITY_LABELS)
-    if lower in EMBEDDING_NAMES:
-        data = load_sentences(train_file, validation_file, test_file, text_column=text_column,
-                              data_file=data_file or data_dir, dev_fraction=dev_fraction, seed=seed)
-        return data, embedding_spec(data)
-    if lower in FASHION_MNIST_NAMES:
-        data = load_fashion_mnist(data_dir, dev_fraction=0.1 if dev_fraction is None else dev_fraction, seed=seed)
-        return data, image_spec("fashion-mnist", data)
-    if lower == "imagefolder":
-        if data_dir is None:
-            raise LinearizeError("imagefolder needs --data-dir (a folder of <class>/<image> or "
-                                 "<split>/<class>/<image>)")
-        data = load_image_folder(data_dir, dev_fraction=dev_fraction, seed=seed, cache_dir=cache_dir)
-        return data, image_spec("imagefolder", data)
+    kind = task_kind(key, train_file)
+    check_task_options(key, kind, {"data_dir": data_dir, "data_file": data_file, "train_file": train_file,
+                                   "validation_file": validation_file, "test_file": test_file,
+                                   "text_pair_column": text_pair_column, "label_column": label_column})
+    if is_regression and kind not in ("files", "hub"):
+        raise LinearizeError(f"task {key!r} has its own labels: data.regression applies to --task files or a Hub "
+                             "data set only")
+    if kind in ("glue", "moviereviews", "embeddings", "fashion-mnist", "imagefolder"):
+        return _load_builtin(kind, key.lower(), data_dir=data_dir, data_file=data_file, train_file=train_file,
+                             validation_file=validation_file, test_file=test_file, text_column=text_column,
+                             dev_fraction=dev_fraction, seed=seed, cache_dir=cache_dir)
     text_keys = tuple(filter(None, (text_column, text_pair_column)))
-    if lower == "files" or train_file is not None:
+    if kind == "files":
         if train_file is None:
             raise LinearizeError("task 'files' needs --train-file (CSV, TSV, JSON or JSONL)")
         data, labels = load_text_files(train_file, validation_file, test_file, text_column=text_column,
@@ -141,19 +200,56 @@ def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, vali
                                        is_regression=is_regression)
         data = _default_dev_split(data, dev_fraction, seed)
         return data, text_spec("files", data, text_keys, labels, is_regression)
-    from .images import load_hub_dataset
+    return _load_hub(key, config=config, text_column=text_column, text_pair_column=text_pair_column,
+                     label_column=label_column, image_column=image_column, is_regression=is_regression,
+                     dev_fraction=dev_fraction, seed=seed, cache_dir=cache_dir)
 
-    data = _standard_splits(load_hub_dataset(key, config, cache_dir), key)
+
+def _load_builtin(kind, lower, *, data_dir, data_file, train_file, validation_file, test_file, text_column,
+                  dev_fraction, seed, cache_dir):
+    """A built-in task's ``(DatasetDict, TaskSpec)`` (kinds glue, moviereviews, embeddings,
+    fashion-mnist, imagefolder)."""
+    if kind == "glue":
+        glue = glue_task_name(lower)
+        data = load_glue(glue, data_dir=data_dir, cache_dir=cache_dir)
+        if dev_fraction:  # GLUE's own dev set is the usual selection split; carving is opt-in
+            data = carve_dev_split(data, dev_fraction, seed=seed)
+        return data, glue_spec(glue, data)
+    if kind == "moviereviews":
+        corpus = POLARITY_CORPORA[lower]
+        data = load_moviereviews(seed=seed, dev_fraction=0.1 if dev_fraction is None else dev_fraction,
+                                 path=data_file or data_dir, corpus=corpus)
+        return data, text_spec(corpus.name, data, ("text",), POLARITY_LABELS)
+    if kind == "embeddings":
+        data = load_sentences(train_file, validation_file, test_file, text_column=text_column,
+                              data_file=data_file or data_dir, dev_fraction=dev_fraction, seed=seed)
+        return data, embedding_spec(data)
+    if kind == "fashion-mnist":
+        data = load_fashion_mnist(data_dir, dev_fraction=0.1 if dev_fraction is None else dev_fraction, seed=seed)
+        return data, image_spec("fashion-mnist", data)
+    if data_dir is None:
+        raise LinearizeError("imagefolder needs --data-dir (a folder of <class>/<image> or "
+                             "<split>/<class>/<image>)")
+    data = load_image_folder(data_dir, dev_fraction=dev_fraction, seed=seed, cache_dir=cache_dir)
+    return data, image_spec("imagefolder", data)
+
+
+def _load_hub(key, *, config, text_column, text_pair_column, label_column, image_column, is_regression,
+              dev_fraction, seed, cache_dir):
+    """A Hub data set's ``(DatasetDict, TaskSpec)``: image when it has an ``Image`` column (or
+    ``image_column``), else text."""
     from datasets import Image
 
-    if image_column is not None or any(isinstance(f, Image) for f in data["train"].features.values()):
-        from .images import normalize_image_dataset
+    from .images import load_hub_dataset, normalize_image_dataset
 
+    data = _standard_splits(load_hub_dataset(key, config, cache_dir), key)
+    if image_column is not None or any(isinstance(f, Image) for f in data["train"].features.values()):
         data = normalize_image_dataset(data, image_column, label_column, dev_fraction=dev_fraction, seed=seed)
         return data, image_spec(key, data)
     data, labels = normalize_text_dataset(data, text_column, text_pair_column, label_column or "label",
                                           is_regression=is_regression)
     data = _default_dev_split(data, dev_fraction, seed)
+    text_keys = tuple(filter(None, (text_column, text_pair_column)))
     return data, text_spec(key, data, text_keys, labels, is_regression)
 
 

@@ -80,13 +80,24 @@ def _read_json_records(path, lines):
     return data
 
 
-def label_vocabulary(values) -> list[str]:
-    """The sorted label names: numerically when every label is a number, else as strings."""
+def label_vocabulary(values, where="the train data", column="label") -> list[str]:
+    """The sorted label names: numerically when every label is a number, else as strings.
+
+    Labels that are all numbers but not all whole (0.5, 1.25) are scores, not classes: a
+    one-line error (naming ``where`` and ``column``) rather than one class per value."""
     names = {_label_key(v) for v in values}
     try:
-        return sorted(names, key=float)
+        numbers = sorted(names, key=float)
     except ValueError:
         return sorted(names)
+    fractional = [name for name in numbers if not math.isfinite(float(name)) or not float(name).is_integer()]
+    if fractional:
+        shown = ", ".join(fractional[:3]) + (", ..." if len(fractional) > 3 else "")
+        raise LinearizeError(f"{where}: the labels in column {column!r} look like numbers ({shown}), not classes, "
+                             f"so each of the {len(names)} values would be a class of its own; for a score, train a "
+                             "regression (--regression, data.regression: true); for classes, use whole numbers "
+                             "(0, 1, ...) or names")
+    return numbers
 
 
 def _label_key(value) -> str:
@@ -140,7 +151,10 @@ def _build(tables, text_keys, label_column, is_regression):
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
     train_path, train_columns = tables["train"]
-    label_names = [] if is_regression else label_vocabulary(train_columns[label_column])
+    if not is_regression:
+        for path, columns in tables.values():
+            check_no_blank_labels(path, columns.get(label_column), label_column)
+    label_names = [] if is_regression else label_vocabulary(train_columns[label_column], train_path, label_column)
     if not is_regression and len(label_names) < 2:
         raise LinearizeError(f"train data {train_path} has one class only ({', '.join(label_names)}) in column "
                              f"{label_column!r}: a classifier needs at least two; check the file or --label-column")
@@ -165,6 +179,15 @@ def _build(tables, text_keys, label_column, is_regression):
         data["label"] = labels
         out[split] = Dataset.from_dict(data, features=features, split=split)
     return DatasetDict(out), label_names
+
+
+def check_no_blank_labels(path, labels, column):
+    """Refuse a blank label cell (empty, spaces, or a record without the ``column`` key) among
+    ``labels`` of ``path``: it would become a class ``''`` and shift every class id after it."""
+    for row, value in enumerate(labels or (), 1):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise LinearizeError(f"{path}: record {row} has a blank label in column {column!r}; fill it in or remove "
+                                 "the record")
 
 
 def numeric_label(value, path, row):

@@ -19,7 +19,8 @@ finetune / eval` call).
 from ..evaluation import scores
 from .artifacts import RunState, comparable, drop_resume_checkpoints, load_saved, save_model
 from .inputs import TaskData, build_source_model, check_head, load_data, load_processor
-from .measurements import cls_attention, data_hash, environment, latency, latency_batch, luna_channels
+from ..machine import environment
+from .measurements import cls_attention, data_hash, latency, latency_batch, luna_channels
 from .run_report import build_report, write_run_report
 from .single_stage import distill_model, evaluate_model, finetune_model, load_model_for_task, single_stage_config
 from .stages import RunContext, run, run_teacher

@@ -13,7 +13,7 @@ from ..config import TEACHER_KEYS, RunConfig, config_difference
 from ..errors import LinearizeError
 from ..report import StageResult
 from ..outputs import atomic_dir, atomic_write_json
-from ..training.trackers import LOGS_DIR
+from ..trackers import LOGS_DIR
 
 
 #: the entries of ``state.json`` that are a training stage's result (a :class:`StageResult`)

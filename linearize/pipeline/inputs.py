@@ -24,7 +24,7 @@ def build_source_model(config, spec):
     (``convert.resolution``), so the teacher and the student both work at that size."""
     import transformers
 
-    from ..convert.heads import auto_class_for
+    from ..convert.heads import auto_class_for, check_head_fits
     from ..convert.loading import load_source_model
     from ..convert.resolution import resize_image_positions
 
@@ -37,6 +37,7 @@ def build_source_model(config, spec):
             raise LinearizeError("recipe model.config needs a model_type (e.g. vit)")
         model_config = transformers.AutoConfig.for_model(model_type, **config_dict, **head_kwargs)
         model_config.update(attention_dropout_kwargs(dropout, model_config))
+        check_head_fits(config.head, model_type, "the recipe's model")
         cls = getattr(transformers, auto_class_for(config.head))
         torch.manual_seed(config.seed)
         return cls.from_config(model_config), None
@@ -167,14 +168,66 @@ def _source_processor(model, spec):
                              f"{model}: {str(error).splitlines()[0]}") from None
 
 
+def model_kind(model):
+    """``"text"``, ``"image"`` or None (unknown, or both) for a loaded model (its main input) or a
+    transformers config (the task heads its model type has)."""
+    from ..convert.heads import heads_for_model_type
+
+    main_input = getattr(model, "main_input_name", None)
+    if main_input in ("input_ids", "pixel_values"):
+        return "text" if main_input == "input_ids" else "image"
+    fits = heads_for_model_type(getattr(model, "model_type", None)) or ()
+    image, text = "image-classification" in fits, "sequence-classification" in fits
+    return "image" if image and not text else "text" if text and not image else None
+
+
+def check_model_kind(model, spec, name):
+    """A text model on an image task, or an image model on a text task, is one line saying so
+    (rather than a mismatch of heads or label counts further on). ``model``: as :func:`model_kind`."""
+    kind = model_kind(model)
+    if kind is not None and kind != spec.kind:
+        wanted = "an image model (e.g. vit-base)" if spec.kind == "image" else "a text model (e.g. minilm)"
+        model_type = getattr(getattr(model, "config", model), "model_type", None)
+        raise LinearizeError(f"{name} is {'an image' if kind == 'image' else 'a text'} model"
+                             f"{f' ({model_type})' if model_type else ''}, but task {spec.name} is "
+                             f"{'an image' if spec.kind == 'image' else 'a text'} task: it needs {wanted}")
+
+
 def check_head(model, spec, name):
-    """A model used as it is must have the task's number of outputs (an embedding task has none)."""
+    """A model used as it is must be of the task's kind (text or image) and have the task's number
+    of outputs (an embedding task has none)."""
+    check_model_kind(model, spec, name)
     if spec.is_embedding:
         return
     labels = getattr(model.config, "num_labels", None)
     if labels is not None and labels != spec.num_labels:
         raise LinearizeError(f"{name} has {labels} labels but task {spec.name} has {spec.num_labels}: its head "
                              "cannot serve this task; fine-tune a checkpoint with a new head instead")
+
+
+def name_labels(model, spec):
+    """Give ``model``'s head the task's class names (``config.id2label`` / ``label2id``): the saved
+    config carries them to ``transformers.pipeline()``, so a model fine-tuned on a task with its own
+    labels (ham/spam) does not keep the names of the task it was trained on before."""
+    if spec.is_embedding or spec.is_regression or not spec.label_names:
+        return model
+    model.config.id2label = dict(spec.id2label)
+    model.config.label2id = dict(spec.label2id)
+    return model
+
+
+def check_label_order(model, spec, name):
+    """A model used as it is must name its classes in the task's order: the same names (case
+    aside) in another order would score its predictions against the wrong classes."""
+    id2label = getattr(model.config, "id2label", None) or {}
+    if spec.is_embedding or spec.is_regression or len(id2label) != len(spec.label_names):
+        return
+    names = [str(id2label.get(i, id2label.get(str(i), ""))) for i in range(len(id2label))]
+    if [n.lower() for n in names] != [n.lower() for n in spec.label_names] and \
+            sorted(n.lower() for n in names) == sorted(n.lower() for n in spec.label_names):
+        raise LinearizeError(f"{name} numbers its classes {', '.join(names)} but task {spec.name} numbers them "
+                             f"{', '.join(spec.label_names)}: its predictions would be scored against the wrong "
+                             "classes; fine-tune it on this task first (linearize finetune)")
 
 
 def check_task_head(model, name):
@@ -205,7 +258,7 @@ def load_data(task, data):
     keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")  # not similarity_file
     given = {k: os.path.expanduser(getattr(data, k)) if k in paths else getattr(data, k)
              for k in keys if getattr(data, k) is not None}  # ~/glue
-    dataset, spec = load_task_data(task, seed=data.seed, **given)
+    dataset, spec = load_task_data(task, seed=data.seed, is_regression=data.regression, **given)
     for split in list(dataset):
         limit = data.max_train_examples if split == "train" else data.max_eval_examples
         if limit and len(dataset[split]) > limit:
@@ -323,6 +376,9 @@ def embedding_inputs(model, spec, similarity_file=None):
     from ..embeddings import folder_pooling
 
     if not spec.is_embedding:
+        if similarity_file:
+            raise LinearizeError(f"task {spec.name!r} does not read data.similarity_file, so it would be ignored: "
+                                 "it scores the embeddings task only (--task embeddings)")
         return spec, None
     if isinstance(model, dict):
         raise LinearizeError("the embeddings task distils a pretrained encoder's embeddings; set model to a "

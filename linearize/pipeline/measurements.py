@@ -1,12 +1,11 @@
-"""What a run measures beyond training and its task scores (:mod:`linearize.evaluation`): forward latency (bench's interleaved timer),
-the figure data of the feature maps and of CLS attention, the machine it ran on, the data's hash."""
+"""What a run measures beyond training and its task scores (:mod:`linearize.evaluation`): forward
+latency (bench's interleaved timer), the figure data of the feature maps and of CLS attention, the
+data's hash (the machine it ran on: :func:`linearize.machine.environment`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import statistics
 
 import numpy as np
@@ -39,8 +38,9 @@ def on_device(batch, model):
 
 def latency_batch(config, spec, loader, model=None):
     """A batch of ``eval.latency_batch_size`` inputs at the run's sequence length (text:
-    ``data.max_length`` real tokens; image: the loader's image size, its sequence length the
-    patch count + 1 from ``model``'s config); ``config``: the run's ``RunConfig``."""
+    ``data.max_length`` real tokens, at most ``eval.latency_max_length``; image: the loader's image
+    size, its sequence length the patch count + 1 from ``model``'s config); ``config``: the run's
+    ``RunConfig``."""
     batch = next(iter(loader))
     size = config.eval.latency_batch_size
     if spec.kind == "image":  # the sequence length is the patch count (+ the class token)
@@ -48,7 +48,7 @@ def latency_batch(config, spec, loader, model=None):
         patch = getattr(getattr(model, "config", None), "patch_size", None)
         tokens = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) + 1 if patch else pixels.shape[-1]
         return {"pixel_values": pixels}, tokens
-    length = config.data.max_length
+    length = min(config.data.max_length, config.eval.latency_max_length)
     ids = batch["input_ids"][:1]
     ids = ids.repeat(size, (length + ids.shape[1] - 1) // ids.shape[1])[:, :length]
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, length
@@ -111,19 +111,6 @@ def _image_attention(inputs, n, t_att, s_att, layer):
     pixels = (255 * (pixels - pixels.min()) / (pixels.max() - pixels.min() + 1e-8)).round().int()
     return {"image_index": n, "grid": [side, side], "teacher": t_att[n, 1:].tolist(), "student": s_att[n, 1:].tolist(),
             "layer": layer, "pixels": pixels.tolist()}
-
-
-def environment():
-    """Versions, platform, CPU and thread count of the machine the run measured on."""
-    import transformers
-
-    from .. import __version__, allocator
-    from ..machine import cpu_model
-
-    cpu = cpu_model()
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "linearize": __version__, "platform": platform.platform(), "cpu": cpu, "threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "libgomp default"), "malloc": allocator.state}
 
 
 def data_hash(data):

@@ -12,7 +12,8 @@ from ..convert import conversion_record
 from ..report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, TaskInfo, Timing, copy_report,
                       save_report)
 from .artifacts import comparable
-from .measurements import data_hash, environment
+from ..machine import environment
+from .measurements import data_hash
 
 
 def build_report(config, task, student, results, report_split, timing, seq_len, batch, visuals, total_seconds):
@@ -27,7 +28,8 @@ def build_report(config, task, student, results, report_split, timing, seq_len, 
         task=TaskInfo(name=spec.name, kind=spec.kind, metric_names=tuple(spec.metric_names),
                       primary_metric=spec.primary_metric, selection_split="validation", report_split=report_split,
                       num_examples={split: len(ds) for split, ds in data.items()},
-                      embedding=spec.is_embedding or None),
+                      embedding=spec.is_embedding or None,
+                      num_labels=None if spec.is_embedding else spec.num_labels),
         model=_model_info(config.model, student),
         scores={"teacher": teacher.scores, "student_stage1": stage1.scores, "student": stage2.scores},
         attention=_attention(stage1),

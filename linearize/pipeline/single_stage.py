@@ -17,7 +17,8 @@ from ..evaluation import scores
 from ..finetune import finetune
 from ..training import main_process_first, on_main_process
 from .artifacts import remove_work_dir, save_model
-from .inputs import TaskData, check_head, check_task_head
+from .inputs import (TaskData, check_head, check_label_order, check_model_kind, check_task_head, name_labels,
+                     source_config)
 
 
 DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize distill` saves
@@ -46,6 +47,8 @@ def load_model_for_task(model, spec, head=None):
             return linearize.load(path), True
     default_head = "image-classification" if spec.kind == "image" else "base" if spec.is_embedding else \
         "sequence-classification"
+    if head is None:  # the task's kind picks the head: a model of the other kind is told so, not the head
+        check_model_kind(source_config(model), spec, model)
     return load_source_model(model, head=head or default_head, **spec.model_config_kwargs()), False
 
 
@@ -84,6 +87,7 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     config = (config or Stage1Config()).check()
     if method is not None:
         check_method_options(method, options or {})
+    check_same_conversion(model, method, layers, options)
     run_config = single_stage_config(model, task, data)
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(run_config)
@@ -103,6 +107,45 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     if not keep_work:
         on_main_process(remove_work_dir, _work_dir(out), out)
     return result
+
+
+def check_same_conversion(model, method=None, layers=None, options=None):
+    """A converted folder ``model`` is distilled as it was converted: a ``method``, ``layers`` or
+    ``options`` that differ from its own could not take effect, so they are a one-line error (the
+    same values, or none, pass). Checked before anything loads."""
+    from ..attention.feature_maps import method_options
+    from ..convert.loading import resolve_model_name
+
+    path = Path(resolve_model_name(model)) if isinstance(model, (str, Path)) else None
+    record = _folder_record(path)
+    if record is None:
+        return
+    defaults = method_options(record.method) if method in (None, record.method) else {}
+    differs = []
+    if method is not None and method != record.method:
+        differs.append(f"method {method!r}")
+    if layers is not None and sorted(layers) != sorted(record.layers):
+        differs.append(f"layers {list(layers)}")
+    if options and {**defaults, **record.options, **options} != {**defaults, **record.options}:
+        differs.append("options " + ", ".join(f"{key}={value}" for key, value in options.items()))
+    if differs:
+        own = ", ".join(f"{key}={value}" for key, value in record.options.items()) or "default options"
+        raise LinearizeError(f"{model} is already converted to {record.method} (layers {list(record.layers)}, {own}), "
+                             f"so {' and '.join(differs)} cannot take effect: distil it as it is (without "
+                             f"--method/--layers/-o), or convert its softmax source ({record.source}) with "
+                             f"{' and '.join(differs)}")
+
+
+def _folder_record(path):
+    """The conversion record of the model folder ``path``, or None (not a folder, or not converted)."""
+    from ..convert.loading import read_conversion_record
+
+    if path is None or not (path / "config.json").is_file():
+        return None
+    try:
+        return read_conversion_record(path)[1]
+    except LinearizeError:  # not converted (a softmax checkpoint): converted with --method later
+        return None
 
 
 def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
@@ -128,8 +171,10 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
+        check_label_order(teacher, task_data.spec, "the teacher")
     if not task_data.spec.is_embedding:
         check_task_head(net, model)
+        name_labels(net, task_data.spec)  # the saved head answers in the task's classes
     elif teacher is None:
         raise LinearizeError("the embeddings task learns a teacher's sentence embeddings: pass --teacher (the "
                              "softmax model, e.g. the source checkpoint)")
@@ -162,6 +207,7 @@ def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress
                              "reports them")
     check_task_head(net, model)
     check_head(net, task_data.spec, model)
+    check_label_order(net, task_data.spec, model)
     loaders = task_data.loaders(batch_size, 0)
     splits = [s for s in task_data.data if s != "train"]
     return {"task": task_data.spec.name, "converted": converted, "primary_metric": task_data.spec.primary_metric,

@@ -76,7 +76,7 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
 
     ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
     is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
-    ``report_to``: experiment trackers for every training stage (``linearize.training.trackers``).
+    ``report_to``: experiment trackers for every training stage (``linearize.trackers``).
     """
     ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
     if teacher_from is not None and not ctx.state.done("teacher"):
@@ -85,7 +85,7 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     teacher, teacher_result = teacher_stage(ctx)
     student, stage1_result = stage1(ctx, teacher)
     student, stage2_result = stage2(ctx, teacher, student, stage1_result)
-    log("[5/6] measuring latency and attention")
+    log(f"[5/6] measuring latency ({config.eval.latency_repeats} timed passes per model) and attention")
     student.to(next(teacher.parameters()).device)  # a resumed run reloads finished stages on the CPU
     timing, seq_len, batch = measure_latency(ctx, teacher, student)
     visuals = figure_data(ctx, teacher, student)
@@ -244,6 +244,9 @@ def measure_latency(ctx, teacher, student):
     """Teacher and student forward latency on a batch at the run's sequence length, measured once:
     a resumed run keeps the figure of the run that made the model."""
     batch, seq_len = latency_batch(ctx.config, ctx.task.spec, ctx.eval_loaders[ctx.report_split], teacher)
+    if ctx.task.spec.kind == "text" and seq_len < ctx.config.data.max_length:
+        ctx.log(f"      latency timed at {seq_len:,} tokens, not data.max_length {ctx.config.data.max_length:,} "
+                "(eval.latency_max_length)")
     if not ctx.state.done("latency"):
         # timed on the main process alone (the others wait: they would share its cores)
         ctx.state.finish("latency", on_main_process(latency, teacher, student, batch,

@@ -156,6 +156,9 @@ def _recovery_lines(report):
                           "split, so it is the saved student.")
     else:
         lines.append(f"No student score on the {split} split was recorded, so the recovery is unknown.")
+    warning = report.chance_warning()
+    if warning:
+        lines += ["", f"**Warning: {warning}.**"]
     return lines
 
 

@@ -18,7 +18,8 @@ for readers of the file.
      "task": {"name": "moviereviews", "kind": "text" | "image", "metric_names": ["accuracy"],
               "primary_metric": "accuracy", "selection_split": "validation", "report_split": "test",
               "num_examples": {"train": 2880, "validation": 320, "test": 800},
-              "embedding": true},        # (embedding tasks only) metrics: cosine, top10_overlap, sts_spearman
+              "embedding": true,         # (embedding tasks only) metrics: cosine, top10_overlap, sts_spearman
+              "num_labels": 2},          # the head's classes (1: regression; absent: an embedding task)
      "model": {"source": "minilm", "architecture": "BertForSequenceClassification", "method": "luna",
                "options": {}, "layers": [0, 1, 2, 3, 4, 5], "num_attention_layers": 6,
                "parameters_base": 22713986, "parameters_added": 5472, "parameters_added_percent": 0.024},
@@ -77,6 +78,10 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 FIGURES_DIR = "figures"
 FIGURE_NAMES = ("curves.png", "per_layer_kl.png", "luna_channels.png", "cls_attention.png")
+#: a teacher whose primary score is no more than this above chance has learnt nothing measurable
+CHANCE_MARGIN = 0.02
+#: the score of a guess, for the metrics where it does not depend on the data: a correlation's is 0
+CORRELATION_METRICS = ("matthews_correlation", "pearson", "spearmanr", "combined")
 #: the score entries of a report, in table order: teacher, student after stage 1, after stage 2
 STAGES = ("teacher", "student_stage1", "student")
 
@@ -227,6 +232,7 @@ class TaskInfo:
     report_split: str | None = None
     num_examples: dict = field(default_factory=dict)
     embedding: bool | None = None  #: an embedding task: scores are agreement with the teacher's embeddings
+    num_labels: int | None = None  #: the head's outputs: classes (1: a regression); None: unknown or none
 
     @classmethod
     def from_json(cls, data):
@@ -506,6 +512,36 @@ class Report:
     def primary_metric(self):
         names = self.metric_names
         return self.task.primary_metric or (names[0] if names else "score")
+
+    def chance_score(self):
+        """The teacher's primary metric for a model that guesses: 1 / classes for accuracy, 0 for a
+        correlation; None where it depends on the data (F1) or is not known (an older report)."""
+        metric, classes = self.primary_metric, self.task.num_labels
+        if self.task.embedding:
+            return None
+        if metric in CORRELATION_METRICS:
+            return 0.0
+        if metric == "accuracy" and isinstance(classes, int) and classes >= 2:
+            return 1.0 / classes
+        return None
+
+    def teacher_at_chance(self):
+        """Whether the teacher's primary score on the report split is at or below chance
+        (:meth:`chance_score`, :data:`CHANCE_MARGIN` above it at most): then the student's recovery,
+        a ratio to that score, says nothing."""
+        chance, score = self.chance_score(), finite(self.scores_of("teacher").get(self.primary_metric))
+        return chance is not None and score is not None and score <= chance + CHANCE_MARGIN
+
+    def chance_warning(self):
+        """The sentence the run's last line and ``report.md`` give when :meth:`teacher_at_chance`,
+        else None."""
+        if not self.teacher_at_chance():
+            return None
+        score, metric = self.scores_of("teacher")[self.primary_metric], self.primary_metric
+        where = f"{score:.3f} on {self.task.num_labels} classes" if metric == "accuracy" else \
+            f"{metric} {score:.3f}, chance 0"
+        return (f"the teacher is at chance ({where}): the recovery says nothing; train the teacher longer or on "
+                "more data")
 
     def recovery(self, stage="student"):
         """The :class:`Recovery` of ``stage`` (``"student"``: after stage 2; ``"student_stage1"``)

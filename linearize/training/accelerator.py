@@ -19,17 +19,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..errors import LinearizeError
-from .trackers import tracking_arguments
-
-#: the environment variables a launcher sets to the number of processes (torchrun and accelerate
-#: launch set WORLD_SIZE; MPI launchers their own), as accelerate reads them
-WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-def launched_processes():
-    """How many processes the launcher started (1 without a launcher)."""
-    return max([int(os.environ.get(name, "1") or 1) for name in WORLD_SIZE_VARIABLES])
-
+from ..launcher import launched_processes
+from ..trackers import tracking_arguments
 
 def has_device():
     """Whether accelerate trains on an accelerator device (CUDA, XPU, MPS, ...) rather than the CPU."""
@@ -50,7 +41,7 @@ def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_
     ``mixed_precision`` ``"no"`` (the default) leaves it to the launcher: ``accelerate launch
     --mixed_precision bf16`` (or its ``accelerate config``) trains in bf16; ``bf16`` / ``fp16``
     ask for it whatever the launcher says. ``report_to``: experiment trackers
-    (:mod:`linearize.training.trackers`), logging under ``checkpoint_dir``.
+    (:mod:`linearize.trackers`), logging under ``checkpoint_dir``.
     """
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration

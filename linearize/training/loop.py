@@ -15,7 +15,7 @@ from .accelerator import average_gradients, is_main_process, mean_over_processes
 from .checkpoint import (OPTIMIZER_FILE, SCALER_FILE, SCHEDULER_FILE, WEIGHTS_FILE, TrainingProgress, clear_checkpoint,
                          read_checkpoint, write_checkpoint)
 from .metrics_log import append_jsonl, truncate_jsonl
-from .trackers import loggable
+from ..trackers import loggable
 from .progress import ProgressBar, Throughput
 from .schedule import make_scheduler
 

@@ -8,8 +8,9 @@ one new file and one test row:
    imported, and bundled into a saved model's remote code, automatically) with
 
    - a ``@dataclass`` subclass of :class:`MethodOptions`, one ``field(default=...,
-     metadata={"help": ...})`` per option (name it ``<Method>Options``: the remote code puts
-     every module in one file, so module-level names must not collide);
+     metadata={"help": ..., "range": at_least(1)})`` per option, a ``range`` for every number (name
+     it ``<Method>Options``: the remote code puts every module in one file, so module-level names
+     must not collide);
    - a ``FeatureMap`` subclass decorated with ``@register_feature_map`` (duplicates are
      refused) that sets ``name``, ``paper``, ``options_class``, ``card_note`` (its paragraph of
      a pushed model's card), ``in_default_comparison`` (whether ``linearize compare`` runs it
@@ -23,75 +24,65 @@ one new file and one test row:
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ...errors import LinearizeError
-from ..core import linear_attention, linear_attention_weights
+from ...errors import LinearizeError, OptionError
+from ...field_types import check_field_types
+from ..core import is_tracing, linear_attention, linear_attention_weights
 
 FEATURE_MAPS: dict = {}
 
 
-class OptionError(LinearizeError):
-    """An unknown method, an unknown option, or an option value of the wrong type."""
+def at_least(low):
+    """A range (an option field's metadata ``"range"``: a ``(test, text)`` pair, as
+    ``linearize.config.LIMITS`` holds a setting's): ``low`` or more."""
+    return (lambda value: value >= low), f">= {low}"
 
 
-def _type_name(kind):
-    return "none" if kind is type(None) else getattr(kind, "__name__", str(kind))
+def above(low):
+    """A range: more than ``low``."""
+    return (lambda value: value > low), f"> {low}"
 
 
-def _value_fits(value, kind):
-    """``value`` is of the annotated type ``kind``: bool is not an int, an int is a float, and
-    ``list[X]`` / ``X | None`` / ``Any`` are looked into; nothing is converted."""
-    origin = typing.get_origin(kind)
-    if kind is typing.Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_value_fits(value, arg) for arg in typing.get_args(kind))
-    if origin in (list, tuple):
-        item = (typing.get_args(kind) or (typing.Any,))[0]
-        return isinstance(value, (list, tuple)) and all(_value_fits(v, item) for v in value)
-    if origin is dict or kind is dict:
-        return isinstance(value, dict)
-    if kind is type(None):
-        return value is None
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
+def one_of(*names):
+    """A range: one of ``names``."""
+    return (lambda value: value in names), " | ".join(names)
 
 
-def _describe(kind):
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(kind))
-    if typing.get_origin(kind) in (list, tuple):
-        return f"a list of {_describe((typing.get_args(kind) or (typing.Any,))[0])}"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            type(None): "null"}.get(kind, _type_name(kind))
-
-
-def check_field_types(config, where=""):
-    """``OptionError`` (one line) if a field of the dataclass instance ``config`` holds a value of
-    another type than its annotation; ``where`` prefixes the field's name in the message."""
-    hints = typing.get_type_hints(type(config))
+def check_field_ranges(config, where=""):
+    """``OptionError`` (one line) if a field of the dataclass instance ``config`` holds a value
+    outside the range its metadata states (``"range"``: :func:`at_least`, :func:`above`,
+    :func:`one_of`); None passes (the type check decides whether it may be None)."""
     for item in dataclasses.fields(config):
-        value = getattr(config, item.name)
-        if not _value_fits(value, hints[item.name]):
-            raise OptionError(f"{where}{item.name} must be {_describe(hints[item.name])}, got {value!r}")
+        limit, value = item.metadata.get("range"), getattr(config, item.name)
+        if limit is not None and value is not None and not isinstance(value, bool) and not limit[0](value):
+            raise OptionError(f"{where}{item.name} must be {limit[1]}, got {value!r}")
+
+
+def check_dimension(name, value, where=""):
+    """``value`` as a positive ``int``; ``OptionError`` (one line) for anything else: a float (32.5
+    is not silently 32), a bool, zero or less."""
+    try:  # what operator.index takes (an int, a numpy integer), not a float; bools are no dimension
+        number = None if isinstance(value, bool) else value.__index__()
+    except (AttributeError, TypeError):
+        number = None
+    if number is None or number < 1:
+        raise OptionError(f"{where}{name} must be a positive integer, got {value!r}")
+    return number
 
 
 @dataclass
 class MethodOptions:
-    """A method's options: subclass it with one ``field(default=..., metadata={"help": ...})``
-    per option. The values are checked against the field types on construction."""
+    """A method's options: subclass it with one ``field(default=..., metadata={"help": ...,
+    "range": ...})`` per option. The values are checked against the field types and ranges on
+    construction, so a run refuses them before any stage runs."""
 
     def __post_init__(self):
         check_field_types(self, "option ")
+        check_field_ranges(self, "option ")
 
 
 def option_help(options_class):
@@ -144,12 +135,13 @@ def get_feature_map_class(method):
 
 def method_settings(method, options):
     """The options dataclass of ``method`` holding ``options``; ``OptionError`` (listing the valid
-    names) for an unknown method or option, or a value of the wrong type."""
+    names) for an unknown method or option, or a value of the wrong type or out of its range."""
     return settings_of(get_feature_map_class(method), options)
 
 
 def settings_of(cls, options):
-    """``cls.options_class(**options)``, refusing an unknown option or a badly typed value."""
+    """``cls.options_class(**options)``, refusing an unknown option or a badly typed or
+    out-of-range value."""
     valid = [name for name, _, _ in option_help(cls.options_class)]
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -164,7 +156,7 @@ def settings_of(cls, options):
 
 def check_method_options(method, options):
     """``OptionError`` (a ``ValueError``) if ``method`` is unknown, an option is not its, or a
-    value has the wrong type."""
+    value has the wrong type or is out of its range."""
     method_settings(method, options)
 
 
@@ -189,7 +181,8 @@ def options_for(method, options):
 def create_feature_map(method, head_dim, num_heads=1, **options):
     """Build the feature map of ``method`` for one layer's head geometry.
 
-    Unknown methods and options, and badly typed values, raise ``OptionError``.
+    Unknown methods and options, badly typed or out-of-range values, and a ``head_dim`` or
+    ``num_heads`` that is not a positive integer raise ``OptionError``.
     """
     check_method_options(method, options)
     return get_feature_map_class(method)(head_dim, num_heads, **options)
@@ -213,6 +206,10 @@ class FeatureMap(nn.Module):
     chunkable: bool = False
     #: every feature is >= 0 (so every kernel value is): the normaliser needs no sign guard
     nonnegative: bool = False
+    #: ``forward`` takes ``out=``: a ``[B,H,N,D]`` float32 buffer (stored head-major, see
+    #: :func:`per_head_matmul`) to write the features into, in inference (the chunked path's
+    #: reused buffers, ``core.scratch``); it may still return a new tensor instead
+    writes_out: bool = False
     #: the dataclass of the method's options (defaults and help text live there)
     options_class: type = MethodOptions
     #: the method's paragraph in a pushed model's card (methods with the same text share it)
@@ -224,10 +221,8 @@ class FeatureMap(nn.Module):
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
-        if int(head_dim) < 1 or int(num_heads) < 1:
-            raise LinearizeError(f"head_dim and num_heads must be positive, got {head_dim} and {num_heads}")
-        self.head_dim = int(head_dim)
-        self.num_heads = int(num_heads)
+        self.head_dim = check_dimension("head_dim", head_dim, f"{self.name}: ")
+        self.num_heads = check_dimension("num_heads", num_heads, f"{self.name}: ")
         self.settings = settings_of(type(self), options)  # the options dataclass
         self.options = dataclasses.asdict(self.settings)  # every option, as saved in a model's config
         self.feature_dim = self.head_dim
@@ -235,11 +230,12 @@ class FeatureMap(nn.Module):
     def forward(self, x, mask=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def chunk_features(self, x, mask, start):
+    def chunk_features(self, x, mask, start, **out):
         """Features of the chunk ``x [B,H,c,d]`` of a sequence whose full ``[B,N]`` mask is
         ``mask``, starting at token ``start``. Only called when :attr:`chunkable`; this default
-        is for maps whose φ(x_i) depends on x_i alone."""
-        return self(x, mask=mask[:, start:start + x.shape[2]])
+        is for maps whose φ(x_i) depends on x_i alone. ``out``: passed on to a map that
+        :attr:`writes_out`."""
+        return self(x, mask=mask[:, start:start + x.shape[2]], **out)
 
     def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
         """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``.
@@ -263,6 +259,21 @@ class FeatureMap(nn.Module):
         received on a batch), as plain lists, or None: a map without a figure of its own."""
         return None
 
+    def reused(self, name, dtype, build, *params):
+        """``build()``: a small tensor made from the parameters ``params`` in ``dtype`` (a stacked or
+        scaled weight), kept while they stay unchanged, so inference makes it once, not once per
+        chunk and call; rebuilt whenever autograd may want its graph, and in a traced graph."""
+        if is_tracing() or any(p.is_inference() for p in params) or (
+                torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return build()  # inference tensors have no version to key on
+        key = (dtype, *((p.data_ptr(), p._version, p.device) for p in params))
+        name = f"_reused_{name}"  # in the instance's dict (not a buffer: never saved), clear of its methods
+        cached = self.__dict__.get(name)
+        if cached is None or cached[0] != key:
+            with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
+                cached = self.__dict__[name] = (key, build())
+        return cached[1]
+
     @staticmethod
     def cast(param, x):
         """A parameter in the compute dtype of ``x`` (features are computed in float32)."""
@@ -271,6 +282,21 @@ class FeatureMap(nn.Module):
     def extra_repr(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, feature_dim={self.feature_dim}" + (f", {opts}" if opts else "")
+
+
+def per_head_matmul(x, weight, out):
+    """``x [B,H,N,d]`` times ``weight [H,d,D]`` per head into ``out [B,H,N,D]`` (no autograd), as
+    one ``bmm`` over the heads with batch and tokens as its rows: no copy of the weight per batch
+    element (a broadcast ``matmul`` makes one), and none of ``x`` or ``out`` when they are stored
+    head-major (``[H,B,N,·]`` underneath, as the chunked path's buffers are)."""
+    batch, heads, seq, dim = x.shape
+    rows = x.transpose(0, 1).reshape(heads, batch * seq, dim)
+    target = out.transpose(0, 1)
+    if target.is_contiguous():
+        torch.bmm(rows, weight, out=target.view(heads, batch * seq, -1))
+    else:
+        out.copy_(torch.bmm(rows, weight).view(heads, batch, seq, -1).transpose(0, 1))
+    return out
 
 
 def seeded_generator(seed):

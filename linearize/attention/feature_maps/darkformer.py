@@ -19,17 +19,21 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ...errors import LinearizeError
-from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
+from ..core import scratch
+from .base import FeatureMap, MethodOptions, at_least, one_of, per_head_matmul, register_feature_map, seeded_generator
 from .performer import LOG2_E, features_from_projection
 
 
 @dataclass
 class DarkformerOptions(MethodOptions):
-    num_features: int = field(default=64, metadata={"help": "m: random features per head."})
-    seed: int = field(default=0, metadata={"help": "Seed of the random rows z (offset by the layer index)."})
-    rank: int | None = field(default=None, metadata={"help": "r: rows of M; default the head dim."})
+    num_features: int = field(default=64, metadata={"help": "m: random features per head.", "range": at_least(1)})
+    seed: int = field(default=0, metadata={"help": "Seed of the random rows z (offset by the layer index).",
+                                           "range": at_least(0)})
+    rank: int | None = field(default=None, metadata={"help": "r: rows of M; default the head dim.",
+                                                     "range": at_least(1)})
     init: str = field(default="identity", metadata={
-        "help": "identity, or whiten (M = the inverse square root of the q/k covariance, from calibration data)."})
+        "help": "identity, or whiten (M = the inverse square root of the q/k covariance, from calibration data).",
+        "range": one_of("identity", "whiten")})
 
 
 @register_feature_map
@@ -37,6 +41,7 @@ class DarkformerFeatureMap(FeatureMap):
     name = "darkformer"
     nonnegative = True
     chunkable = True
+    writes_out = True
     paper = "DARKFormer §4.1 eq. 3"
     options_class = DarkformerOptions
     in_default_comparison = True
@@ -51,11 +56,8 @@ class DarkformerFeatureMap(FeatureMap):
                                           self.settings.init)
         self.num_features = num_features
         self.rank = self.head_dim if rank is None else rank
-        if self.num_features < 1 or not 1 <= self.rank <= self.head_dim:
-            raise LinearizeError(f"darkformer: need num_features >= 1 and 1 <= rank <= head_dim ({self.head_dim}), "
-                                 f"got {num_features} and {rank}")
-        if init not in ("identity", "whiten"):
-            raise LinearizeError(f"darkformer: init must be 'identity' or 'whiten', got {init!r}")
+        if self.rank > self.head_dim:  # the other ranges are DarkformerOptions'
+            raise LinearizeError(f"darkformer: option rank must be at most the head dim ({self.head_dim}), got {rank}")
         self.feature_dim = self.num_features
         self.metric = nn.Parameter(torch.eye(self.rank, self.head_dim).repeat(self.num_heads, 1, 1))  # M [H,r,d]
         z = torch.randn(self.num_heads, self.num_features, self.rank, generator=seeded_generator(seed))
@@ -76,12 +78,20 @@ class DarkformerFeatureMap(FeatureMap):
             metric = evecs @ metric  # symmetric square root
         self.metric.copy_(metric.to(self.metric.dtype))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, out=None):
         # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
         # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d].
+        weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z)  # [H,d,m+r]
+        if out is None:
+            both = torch.matmul(x, weight)  # [B,H,N,m+r]
+            squared = both[..., self.num_features:].pow(2).sum(dim=-1, keepdim=True)
+        else:  # inference: the product in a reused buffer, ‖Mx‖² without a squared copy
+            batch, heads, seq, _ = x.shape
+            both = scratch("darkformer.both", (heads, batch, seq, weight.shape[-1]), x.device).transpose(0, 1)
+            both = per_head_matmul(x, weight, both)
+            squared = torch.linalg.vector_norm(both[..., self.num_features:], dim=-1, keepdim=True).square_()
+        return features_from_projection(both[..., :self.num_features], squared, self.num_features, out)
+
+    def _weight(self, x):
         metric = self.cast(self.metric, x)
-        weight = torch.cat([torch.matmul(self.cast(self.z, x) * LOG2_E, metric), metric], dim=1)
-        both = torch.matmul(x, weight.transpose(1, 2))  # [B,H,N,m+r]
-        embedded = both[..., self.num_features:]
-        return features_from_projection(both[..., :self.num_features], embedded.pow(2).sum(dim=-1, keepdim=True),
-                                        self.num_features)
+        return torch.cat([torch.matmul(self.cast(self.z, x) * LOG2_E, metric), metric], dim=1).transpose(1, 2)

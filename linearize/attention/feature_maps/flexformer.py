@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ...errors import LinearizeError
-from .base import FeatureMap, MethodOptions, register_feature_map
+from .base import FeatureMap, MethodOptions, above, at_least, register_feature_map
 
 
 def _frequencies(num_heads, num_frequencies, head_dim, scale=1.0):
@@ -59,7 +58,7 @@ def _frequencies(num_heads, num_frequencies, head_dim, scale=1.0):
 @dataclass
 class FlexformerOptions(MethodOptions):
     num_frequencies: int | None = field(default=None, metadata={
-        "help": "n: learned frequencies per head (features = 2n); default the head dim."})
+        "help": "n: learned frequencies per head (features = 2n); default the head dim.", "range": at_least(1)})
 
 
 class _Flexformer(FeatureMap):
@@ -75,16 +74,7 @@ class _Flexformer(FeatureMap):
         super().__init__(head_dim, num_heads, **options)
         num_frequencies = self.settings.num_frequencies
         self.num_frequencies = self.head_dim if num_frequencies is None else num_frequencies
-        if self.num_frequencies < 1:
-            raise LinearizeError(f"{self.name}: num_frequencies must be >= 1, got {num_frequencies}")
         self.feature_dim = 2 * self.num_frequencies
-
-
-def _init_scale(fm):
-    scale = fm.settings.init_scale
-    if not scale > 0:
-        raise LinearizeError(f"{fm.name}: init_scale must be > 0, got {scale}")
-    return scale
 
 
 @dataclass
@@ -92,7 +82,8 @@ class FlexformerStationaryOptions(FlexformerOptions):
     learnable_envelope: bool = field(default=False, metadata={
         "help": "Not in the paper: learn the envelope's bandwidth, exp(‖x‖²/e^τ) per head, τ starting at log(2/s²)."})
     init_scale: float = field(default=1.0, metadata={
-        "help": "s: ω starts as N(0, s²I) (1 = the paper's); with learnable_envelope the kernel starts as exp(s²qᵀk)."})
+        "help": "s: ω starts as N(0, s²I) (1 = the paper's); with learnable_envelope the kernel starts as exp(s²qᵀk).",
+        "range": above(0)})
 
 
 @register_feature_map
@@ -105,7 +96,7 @@ class FlexformerStationaryFeatureMap(_Flexformer):
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__(head_dim, num_heads, **options)
-        scale = _init_scale(self)
+        scale = self.settings.init_scale  # > 0 (the options' range)
         self.omega = _frequencies(self.num_heads, self.num_frequencies, self.head_dim, scale)
         if self.settings.learnable_envelope:
             self.tau = nn.Parameter(torch.full((self.num_heads,), math.log(2.0 / scale**2)))
@@ -122,7 +113,8 @@ class FlexformerStationaryFeatureMap(_Flexformer):
 class FlexformerNonstationaryOptions(FlexformerOptions):
     init_scale: float = field(default=0.1, metadata={
         "help": "s: ω1, ω2 start as N(0, s²I) and τ as log(2/s²), so the kernel starts as (exp(s²qᵀk)+1)/8, "
-                "every weight positive; 1 = the paper's implied start (mostly noise, weights negative)."})
+                "every weight positive; 1 = the paper's implied start (mostly noise, weights negative).",
+        "range": above(0)})
 
 
 @register_feature_map
@@ -135,7 +127,7 @@ class FlexformerNonstationaryFeatureMap(_Flexformer):
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__(head_dim, num_heads, **options)
-        scale = _init_scale(self)
+        scale = self.settings.init_scale  # > 0 (the options' range)
         self.omega1 = _frequencies(self.num_heads, self.num_frequencies, self.head_dim, scale)
         self.omega2 = _frequencies(self.num_heads, self.num_frequencies, self.head_dim, scale)
         self.tau = nn.Parameter(torch.full((self.num_heads,), math.log(2.0 / scale**2)))

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ...errors import LinearizeError
-from .base import FeatureMap, MethodOptions, register_feature_map
+from .base import FeatureMap, MethodOptions, at_least, per_head_matmul, register_feature_map
 
 
 @dataclass
 class HedgehogOptions(MethodOptions):
     feature_dim: int | None = field(default=None, metadata={
-        "help": "d': rows of W (features = 2d'); default the head dim."})
+        "help": "d': rows of W (features = 2d'); default the head dim.", "range": at_least(1)})
 
 
 @register_feature_map
@@ -29,6 +28,7 @@ class HedgehogFeatureMap(FeatureMap):
     name = "hedgehog"
     nonnegative = True
     chunkable = True
+    writes_out = True
     paper = "Hedgehog (Zhang et al. 2024) eq. 3"
     options_class = HedgehogOptions
     in_default_comparison = True
@@ -42,13 +42,21 @@ class HedgehogFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, **options)
         feature_dim = self.settings.feature_dim
         width = self.head_dim if feature_dim is None else feature_dim
-        if width < 1:
-            raise LinearizeError(f"hedgehog: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = 2 * width
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 
-    def forward(self, x, mask=None):
-        weight = self.cast(self.weight, x)  # [H,d',d]
+    def forward(self, x, mask=None, out=None):
         # one product with [W; -W] gives [Wx, -Wx]; one softmax over the two halves
-        z = torch.matmul(x, torch.cat([weight, -weight], dim=1).transpose(1, 2))  # [B,H,N,2d']
-        return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None
+        both = self.reused("both", x.dtype, lambda: self._both(x), self.weight)  # [H,d,2d']
+        if out is None:
+            z = torch.matmul(x, both)  # [B,H,N,2d']
+            return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None
+        # inference into the caller's buffer: the softmax in place (no autograd here; over 2 x 32
+        # features also ~2x faster than torch.softmax, measured on a 2-core CPU)
+        z = per_head_matmul(x, both, out).unflatten(-1, (2, -1))
+        z.sub_(z.amax(dim=-1, keepdim=True)).exp_()
+        return z.div_(z.sum(dim=-1, keepdim=True)).flatten(-2), None
+
+    def _both(self, x):
+        weight = self.cast(self.weight, x)  # [H,d',d]
+        return torch.cat([weight, -weight], dim=1).transpose(1, 2)

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ...errors import LinearizeError
-from ..core import is_tracing
-from .base import FeatureMap, MethodOptions, register_feature_map
+from ..core import is_tracing, scratch
+from .base import FeatureMap, MethodOptions, above, at_least, per_head_matmul, register_feature_map
 
 
 def piecewise_linear(u, table, index):
@@ -53,6 +52,16 @@ def piecewise_linear(u, table, index):
     channels = table.shape[1] // 2
     rows = table.index_select(0, index)  # [n, 2L]
     return torch.addcmul(rows[:, channels:], rows[:, :channels], u[:, None]).relu_()
+
+
+def piecewise_linear_into(u, table, index, out):
+    """:func:`piecewise_linear` written into ``out [n, L]`` (inference): the intercepts gathered into
+    ``out`` and the slopes into a reused buffer (``core.scratch``) instead of a new ``[n, 2L]``."""
+    channels = table.shape[1] // 2
+    slopes = scratch("luna.slopes", (u.numel(), channels), u.device, table.dtype)
+    torch.index_select(table[:, :channels].contiguous(), 0, index, out=slopes)  # the halves: a few KiB each
+    torch.index_select(table[:, channels:].contiguous(), 0, index, out=out)
+    return out.addcmul_(slopes, u[:, None]).relu_()
 
 
 class PiecewiseLinear(torch.autograd.Function):
@@ -94,14 +103,17 @@ class PiecewiseLinear(torch.autograd.Function):
 
 @dataclass
 class LunaOptions(MethodOptions):
-    projections: int = field(default=8, metadata={"help": "M: projections w_i^T x + b_i per layer."})
-    channels: int = field(default=8, metadata={"help": "L: outputs of psi per projection (features = M*L)."})
-    hidden: int = field(default=64, metadata={"help": "Hidden units of psi's scalar MLP."})
+    projections: int = field(default=8, metadata={"help": "M: projections w_i^T x + b_i per layer.",
+                                                  "range": at_least(1)})
+    channels: int = field(default=8, metadata={"help": "L: outputs of psi per projection (features = M*L).",
+                                               "range": at_least(1)})
+    hidden: int = field(default=64, metadata={"help": "Hidden units of psi's scalar MLP.", "range": at_least(1)})
     shared_mlp: bool = field(default=True, metadata={
         "help": "One psi MLP with L outputs (true) or L MLPs with one output each (false)."})
     envelope: bool = field(default=False, metadata={"help": "The envelope-gated variant (LUNA §5.4, Table 5)."})
     ch_rms: bool = field(default=False, metadata={"help": "Listing 1's channel RMS scaling of psi."})
-    ch_rms_target: float = field(default=0.1, metadata={"help": "The target RMS of that scaling."})
+    ch_rms_target: float = field(default=0.1, metadata={"help": "The target RMS of that scaling.",
+                                                        "range": above(0)})
     shared_projections: bool = field(default=True, metadata={
         "help": "One projection per layer (Listing 1) or, false, one per head (same cost)."})
 
@@ -110,6 +122,7 @@ class LunaOptions(MethodOptions):
 class LunaFeatureMap(FeatureMap):
     name = "luna"
     nonnegative = True
+    writes_out = True  # with the knot lookup (see forward)
     paper = "LUNA §3.2 eq. 11, Listing 1"
     options_class = LunaOptions
     in_default_comparison = True
@@ -122,9 +135,7 @@ class LunaFeatureMap(FeatureMap):
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__(head_dim, num_heads, **options)
         config = self.settings
-        m, channels, hidden = config.projections, config.channels, config.hidden
-        if min(m, channels, hidden) < 1:
-            raise LinearizeError(f"luna: projections, channels and hidden must be >= 1, got {m}, {channels}, {hidden}")
+        m, channels, hidden = config.projections, config.channels, config.hidden  # each >= 1 (LunaOptions)
         self.projections, self.channels, self.hidden = m, channels, hidden
         self.shared_mlp, self.use_envelope = config.shared_mlp, config.envelope
         self.ch_rms, self.ch_rms_target = config.ch_rms, float(config.ch_rms_target)
@@ -147,15 +158,22 @@ class LunaFeatureMap(FeatureMap):
             self.envelope_weight = nn.Parameter(torch.zeros(channels, d))
             self.envelope_bias = nn.Parameter(torch.zeros(channels))
 
-    def project(self, x):
+    def project(self, x, out=None):
         """u = Wx + b: ``[B,H,N,d] -> [B,H,N,M]``; ``W`` shared across the heads (Listing 1) or,
-        with ``shared_projections=False``, one ``W_h ∈ R^{M×d}`` per head (same cost)."""
+        with ``shared_projections=False``, one ``W_h ∈ R^{M×d}`` per head (same cost). ``out``
+        (inference): a buffer stored head-major (``per_head_matmul``) to write u into."""
         weight, bias = self.cast(self.proj_weight, x), self.cast(self.proj_bias, x)
-        if self.shared_projections:
-            return F.linear(x, weight, bias)
-        if x.shape[1] != weight.shape[0]:
+        if not self.shared_projections and x.shape[1] != weight.shape[0]:
             raise ValueError(f"luna: {x.shape[1]} heads given, the per-head projections were made for "
                              f"{weight.shape[0]}")
+        if out is not None and self.shared_projections:  # one addmm over every (head, token) row
+            rows = x.transpose(0, 1).reshape(-1, x.shape[-1])
+            torch.addmm(bias, rows, weight.t(), out=out.transpose(0, 1).view(-1, weight.shape[0]))
+            return out
+        if out is not None:
+            return per_head_matmul(x, weight.transpose(1, 2), out).add_(bias.unsqueeze(1))
+        if self.shared_projections:
+            return F.linear(x, weight, bias)
         return torch.einsum("bhnd,hmd->bhnm", x, weight) + bias.unsqueeze(1)  # faster than a broadcast matmul
 
     def psi(self, u):
@@ -237,6 +255,27 @@ class LunaFeatureMap(FeatureMap):
         for column in range(1, rows.shape[1]):  # NaN pads a cell with fewer knots: never counted
             index += flat >= rows[:, column]
         return index.to(torch.int32)
+
+    @staticmethod
+    def knot_index_into(flat, lookup):
+        """:meth:`knot_index` for inference, every temporary in a reused buffer (``core.scratch``):
+        the cells, their gathered rows, the comparisons and the int32 result."""
+        n, device = flat.numel(), flat.device
+        index = scratch("luna.index", (n,), device, torch.int32)
+        grid = lookup["grid"]
+        if grid is None:
+            return torch.bucketize(flat, lookup["knots"], right=True, out_int32=True, out=index)
+        cell = torch.addcmul(grid["offset"], flat, grid["inverse_width"], out=scratch("luna.cell", (n,), device,
+                                                                                       flat.dtype))
+        cells = scratch("luna.cells", (n,), device, torch.int32)
+        cells.copy_(cell.nan_to_num_(0.0).clamp_(0.0, grid["cells"] + 1))  # floor (>= 0)
+        rows = scratch("luna.rows", (n, grid["rows"].shape[1]), device, grid["rows"].dtype)
+        torch.index_select(grid["rows"], 0, cells, out=rows)
+        # the comparisons written as 0/1 in the count's dtype (adding a bool tensor makes a float copy)
+        count, above = rows[:, 0], scratch("luna.above", (n,), device, rows.dtype)
+        for column in range(1, rows.shape[1]):  # NaN pads a cell with fewer knots: never counted
+            count += torch.ge(flat, rows[:, column], out=above)
+        return index.copy_(count)
 
     def _psi_params(self):
         return (self.mlp_w1, self.mlp_b1, self.mlp_w2, self.mlp_b2)
@@ -355,9 +394,13 @@ class LunaFeatureMap(FeatureMap):
         return {"offset": torch.tensor(offset, **scalar), "inverse_width": torch.tensor(inverse_width, **scalar),
                 "cells": cells, "rows": rows.to(**scalar).contiguous()}
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, out=None):
+        plain = not self.use_envelope and not self.ch_rms
+        if out is not None and plain and self.lookup_applies() and \
+                x.numel() // x.shape[-1] * self.projections >= self.lookup_min_values:
+            return self._features_into(x, out), None
         u = self.project(x)
-        if not self.use_envelope and not self.ch_rms and self.lookup_applies(u):
+        if plain and self.lookup_applies(u):
             # the 1/√M factor is folded into the lookup table: relu(a)/s = relu(a/s)
             return self.psi_lookup(u, 1.0 / math.sqrt(self.projections)).flatten(-2), None
         y = self.psi(u)  # [B,H,N,M,L]
@@ -372,6 +415,18 @@ class LunaFeatureMap(FeatureMap):
             rms = torch.sqrt((y.pow(2) * weight).sum(dim=(1, 2, 3), keepdim=True) / count + 1e-6)
             y = y * (self.ch_rms_target / (rms + 1e-6)).clamp(max=1.0)
         return (y / math.sqrt(self.projections)).flatten(-2), None
+
+    def _features_into(self, x, out):
+        """Inference by the knot lookup: φ(x) written into ``out [B,H,N,M·L]`` (stored head-major,
+        see ``per_head_matmul``), every temporary in a reused buffer (``core.scratch``): u, the knot
+        indices, the gathered slopes. The values of :meth:`psi_lookup`, 1/√M folded in the table."""
+        batch, heads, seq, _ = x.shape
+        u = scratch("luna.u", (heads, batch, seq, self.projections), x.device, x.dtype).transpose(0, 1)
+        flat = self.project(x, out=u).transpose(0, 1).reshape(-1)  # a view: u is stored head-major
+        table, structure = self._psi_table(flat.dtype, flat.device, 1.0 / math.sqrt(self.projections))
+        index = self.knot_index_into(flat, structure)
+        piecewise_linear_into(flat, table, index, out.transpose(0, 1).view(-1, self.channels))
+        return out
 
     @torch.no_grad()
     def probe(self, inputs, max_samples=20000, points=200, bins=40):

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ...errors import LinearizeError
-from .base import FeatureMap, MethodOptions, register_feature_map, seeded_generator
+from .base import FeatureMap, MethodOptions, at_least, per_head_matmul, register_feature_map, seeded_generator
 
 
 def orthogonal_gaussian(rows, dim, generator):
     """``[rows, dim]`` orthogonal random features: Gaussian blocks orthogonalised by QR, each
     row rescaled to the norm of an independent d-dimensional Gaussian vector."""
+    if torch.get_default_device().type == "meta":  # sizing only (convert's memory estimate): skip the QR loop
+        return torch.empty(rows, dim)
     blocks = []
     for _ in range(math.ceil(rows / dim)):
         q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
@@ -53,20 +54,22 @@ def positive_random_features(x, omega, num_features):
 LOG2_E = 1.0 / math.log(2.0)
 
 
-def features_from_projection(proj, squared_norm, num_features):
+def features_from_projection(proj, squared_norm, num_features, out=None):
     """``(exp(a − a'), s)`` with ``a = ωᵢᵀx``, ``a' = max_i a_i`` and ``s = a' − ‖x‖²/2 − ½ log m``:
     the log-space FAVOR+ features of :func:`positive_random_features`, from ``proj = a·log₂ e``
     ``[..., m]`` (the factor folded into ω by the caller: the features are one ``exp2``) and
-    ``‖x‖²`` ``[..., 1]``."""
+    ``‖x‖²`` ``[..., 1]``; written into ``out`` when given (no autograd)."""
     top = proj.amax(dim=-1, keepdim=True)
-    shift = top / LOG2_E - 0.5 * squared_norm - 0.5 * math.log(num_features)
-    return torch.sub(proj, top).exp2_(), shift  # in place: one pass over a fresh tensor
+    # the same three roundings as top / log₂e − ½‖x‖² − ½ log m, in one new tensor
+    shift = top.div(LOG2_E).sub_(squared_norm, alpha=0.5).sub_(0.5 * math.log(num_features))
+    return torch.sub(proj, top, out=out).exp2_(), shift  # in place: one pass over a fresh tensor
 
 
 @dataclass
 class PerformerOptions(MethodOptions):
-    num_features: int = field(default=64, metadata={"help": "m: random features per head."})
-    seed: int = field(default=0, metadata={"help": "Seed of the random directions (offset by the layer index)."})
+    num_features: int = field(default=64, metadata={"help": "m: random features per head.", "range": at_least(1)})
+    seed: int = field(default=0, metadata={"help": "Seed of the random directions (offset by the layer index).",
+                                           "range": at_least(0)})
     learnable: bool = field(default=False, metadata={"help": "Learn the directions (DARKFormer's LFK baseline)."})
 
 
@@ -75,6 +78,7 @@ class PerformerFeatureMap(FeatureMap):
     name = "performer"
     nonnegative = True
     chunkable = True
+    writes_out = True
     paper = "Performer FAVOR+ (Choromanski et al. 2021)"
     options_class = PerformerOptions
     in_default_comparison = True
@@ -88,8 +92,6 @@ class PerformerFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, **options)
         num_features, seed, learnable = self.settings.num_features, self.settings.seed, self.settings.learnable
         self.num_features = num_features
-        if self.num_features < 1:
-            raise LinearizeError(f"performer: num_features must be >= 1, got {num_features}")
         self.feature_dim = self.num_features
         generator = seeded_generator(seed)
         omega = torch.stack([orthogonal_gaussian(self.num_features, self.head_dim, generator)
@@ -99,5 +101,12 @@ class PerformerFeatureMap(FeatureMap):
         else:
             self.register_buffer("omega", omega)
 
-    def forward(self, x, mask=None):
-        return positive_random_features(x, self.cast(self.omega, x), self.num_features)
+    def forward(self, x, mask=None, out=None):
+        omega = self.cast(self.omega, x)
+        if out is None:
+            return positive_random_features(x, omega, self.num_features)
+        # inference: the projection into the caller's buffer, its exp2 in place, ‖x‖² with no squared copy
+        scaled = self.reused("scaled_omega", x.dtype, lambda: (omega * LOG2_E).transpose(1, 2), self.omega)
+        proj = per_head_matmul(x, scaled, out)
+        squared = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_()
+        return features_from_projection(proj, squared, self.num_features, out=proj)

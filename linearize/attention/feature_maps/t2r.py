@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ...errors import LinearizeError
-from .base import FeatureMap, MethodOptions, register_feature_map
+from .base import FeatureMap, MethodOptions, at_least, per_head_matmul, register_feature_map
 
 
 @dataclass
 class T2ROptions(MethodOptions):
-    feature_dim: int | None = field(default=None, metadata={"help": "D: rows of W (the features); default the head dim."})
+    feature_dim: int | None = field(default=None, metadata={
+        "help": "D: rows of W (the features); default the head dim.", "range": at_least(1)})
 
 
 @register_feature_map
@@ -30,6 +30,7 @@ class T2RFeatureMap(FeatureMap):
     name = "t2r"
     nonnegative = True
     chunkable = True
+    writes_out = True
     paper = "T2R (Kasai et al. 2021) §3.1"
     options_class = T2ROptions
     in_default_comparison = True
@@ -41,13 +42,13 @@ class T2RFeatureMap(FeatureMap):
         super().__init__(head_dim, num_heads, **options)
         feature_dim = self.settings.feature_dim
         width = self.head_dim if feature_dim is None else feature_dim
-        if width < 1:
-            raise LinearizeError(f"t2r: feature_dim must be >= 1, got {feature_dim}")
         self.feature_dim = width
         bound = 1.0 / math.sqrt(self.head_dim)
         self.weight = nn.Parameter(torch.empty(self.num_heads, width, self.head_dim).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(self.num_heads, width).uniform_(-bound, bound))
 
-    def forward(self, x, mask=None):
-        z = torch.matmul(x, self.cast(self.weight, x).transpose(1, 2))  # [B,H,N,D]
-        return torch.relu(z.add_(self.cast(self.bias, x)[:, None, :])), None
+    def forward(self, x, mask=None, out=None):
+        weight, bias = self.cast(self.weight, x).transpose(1, 2), self.cast(self.bias, x)[:, None, :]
+        if out is None:
+            return torch.relu(torch.matmul(x, weight).add_(bias)), None  # [B,H,N,D]
+        return per_head_matmul(x, weight, out).add_(bias).relu_(), None  # inference, into the caller's buffer

@@ -88,8 +88,7 @@ class HFBackend:
     def detach(self, model):
         record = ConversionRecord.from_config(model.config)
         for _, module in hf_attention.attention_modules(model):
-            if hasattr(module, "linearize_map"):
-                del module.linearize_map
+            hf_attention.detach_feature_map(module)
         model.__class__ = getattr(type(model), "_linearize_base", type(model))
         if record is not None:
             del model.config.linearize
@@ -117,7 +116,8 @@ class HFBackend:
 
 def linearized_hf_class(base):
     """A subclass of a transformers model class that rebuilds its linear attention from
-    ``config.linearize`` on construction (so ``from_pretrained`` restores it) and saves the
+    ``config.linearize`` on construction (so ``from_pretrained`` restores it), refuses an attention
+    implementation that would bypass it (``hf_attention.LinearAttentionGuard``) and saves the
     remote code with the weights."""
     if base not in _SUBCLASSES:
         def __init__(self, config, *args, **kwargs):
@@ -126,7 +126,8 @@ def linearized_hf_class(base):
             if block is not None:
                 hf_attention.apply_linearize_config(self, block)
 
-        _SUBCLASSES[base] = type(remote_code.remote_class_name(base.__name__), (base,), {
+        bases = (hf_attention.LinearAttentionGuard, base)
+        _SUBCLASSES[base] = type(remote_code.remote_class_name(base.__name__), bases, {
             "__init__": __init__, "save_pretrained": _save_pretrained, "_linearize_base": base,
             "__module__": __name__})
     return _SUBCLASSES[base]
@@ -153,6 +154,9 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     data["model_type"] = remote_code.model_type_for(record.base_model_type)
     data["architectures"] = [remote_code.remote_class_name(base.__name__)]
     data["auto_map"] = auto_map
+    # A softmax class given this folder explicitly (BertModel.from_pretrained(dir), no remote code)
+    # then asks for an attention transformers does not know, and fails, instead of running softmax.
+    data["attn_implementation"] = hf_attention.ATTENTION_IMPLEMENTATION
     data["linearize"] = record.to_block()  # versioned on disk, {"_type", "_version", "_data"}
     atomic_write_json(path, data)
     sentence_transformers.write_files(save_directory, record.sentence_transformers_files)

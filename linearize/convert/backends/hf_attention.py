@@ -15,6 +15,12 @@ a causal call is refused. A mask function is registered under the same name: wit
 padding mask for an unknown implementation and padding would silently be ignored. It hands the
 attention function the ``[batch, seq]`` key-padding mask (True = real token), never an N×N mask.
 
+A converted model keeps that implementation: :class:`LinearAttentionGuard` refuses any other
+(``"sdpa"``, ``"eager"``, flash, flex, a serving engine's own), at load and in
+``set_attn_implementation``, since each would silently bypass the feature maps and run the original
+softmax. A layer that reaches the function without a feature map and was not left softmax on
+purpose (a converted folder built by a plain transformers class) is an error, not softmax.
+
 This module imports only torch, transformers and ``linearize.attention``, so a saved model's
 remote code can bundle it (see ``hf_remote_code.py``).
 """
@@ -32,6 +38,8 @@ from ...attention.windowed import windowed_attention_weights, windowed_linear_at
 from ...errors import LinearizeError
 
 ATTENTION_IMPLEMENTATION = "linearize"
+#: set on an attention module that a conversion left softmax (a hybrid model's other layers)
+KEPT_SOFTMAX = "linearize_keeps_softmax"
 
 #: model_type -> the class name of its self-attention module (the one that calls the registry)
 ATTENTION_CLASSES = {
@@ -100,6 +108,7 @@ def linearize_attention_forward(module, query, key, value, attention_mask, scali
                              "text tower): convert an encoder or a vision tower")
     fm = getattr(module, "linearize_map", None)
     if fm is None:
+        check_kept_softmax(module)
         fm = _softmax_map(module)
     key, value = repeat_key_value_heads(query, key, value)
     padding = key_padding_from_mask(attention_mask)
@@ -133,6 +142,16 @@ def windowed_attend(fm, query, key, value, padding, scale, radius, output_attent
     out = windowed_linear_attention(query, key, value, fm, radius, padding, scale)
     weights = windowed_attention_weights(query, key, fm, radius, padding, scale) if output_attentions else None
     return out, weights
+
+
+def check_kept_softmax(module):
+    """A converted model's attention layer without a feature map must have been left softmax by the
+    conversion; otherwise the model was not built by linearize (a converted folder loaded by a plain
+    transformers class, in a process where linearize registered its attention) and would run softmax."""
+    if type(module).__name__ in ATTENTION_CLASSES.values() and not getattr(module, KEPT_SOFTMAX, False):
+        raise LinearizeError(f"{type(module).__name__} runs linearize's attention without a feature map: the model "
+                             "was not built by linearize (a converted folder loaded by a plain transformers class?); "
+                             "load the folder with linearize.load(folder) or an Auto class with trust_remote_code=True")
 
 
 _SOFTMAX = {}
@@ -191,12 +210,22 @@ def layer_feature_map(module, index, method, options, head_dim, num_heads):
 
 
 def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
-    """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers``."""
+    """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers``; mark
+    the others as left softmax on purpose (:data:`KEPT_SOFTMAX`)."""
     for index, (_, module) in enumerate(modules):
-        if hasattr(module, "linearize_map"):
-            del module.linearize_map
+        detach_feature_map(module)
         if index in layers:
             module.linearize_map = layer_feature_map(module, index, method, options, head_dim, num_heads)
+        else:
+            setattr(module, KEPT_SOFTMAX, True)
+
+
+def detach_feature_map(module):
+    """Remove what :func:`attach_feature_maps` put on ``module``."""
+    if hasattr(module, "linearize_map"):
+        del module.linearize_map
+    if hasattr(module, KEPT_SOFTMAX):
+        delattr(module, KEPT_SOFTMAX)
 
 
 def apply_linearize_config(model, block):
@@ -208,3 +237,39 @@ def apply_linearize_config(model, block):
     attach_feature_maps(attention_modules(model), record.method, set(record.layers), record.options, head_dim,
                         num_heads)
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+
+
+def linear_attn_implementation(config, requested):
+    """The attention implementation of a converted model (``config`` has a ``linearize`` block):
+    linearize's own, registered here. ``requested`` (a load's ``attn_implementation``,
+    ``set_attn_implementation``'s argument, or a dict of them, whose ``""`` entry is the model's) may be
+    None or that name; any other would bypass the feature maps and silently run the original softmax."""
+    if isinstance(requested, dict):
+        requested = requested.get("", None)
+    if requested not in (None, ATTENTION_IMPLEMENTATION):
+        record = ConversionRecord.from_config(config)
+        method = record.method if record is not None and record.method else "linear"
+        raise LinearizeError(f"attn_implementation={requested!r} would replace this converted model's {method} "
+                             f"attention by the original softmax; keep {ATTENTION_IMPLEMENTATION!r} (the default). "
+                             "For softmax attention, load the source model, or call linearize.revert(model) "
+                             "(pip install linearize)")
+    register_attention_backend()
+    return ATTENTION_IMPLEMENTATION
+
+
+class LinearAttentionGuard:
+    """Mixin of a converted model class (linearize's and the saved remote code's): its attention
+    implementation stays linearize's (:func:`linear_attn_implementation`), at construction (a load's
+    ``attn_implementation``, or the one a serving engine sets in the config) and in
+    ``set_attn_implementation``. A model without a ``linearize`` block is left to transformers."""
+
+    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if getattr(self.config, "linearize", None) is not None:
+            linear_attn_implementation(self.config, attn_implementation)
+        return super().set_attn_implementation(attn_implementation, *args, **kwargs)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        # transformers' check of the implementation, at __init__ and in set_attn_implementation
+        if getattr(self.config, "linearize", None) is None:
+            return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
+        return linear_attn_implementation(self.config, attn_implementation)

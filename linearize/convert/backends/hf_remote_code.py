@@ -4,13 +4,17 @@ A user without linearize loads a converted model with plain transformers::
 
     AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True)
 
-``config.json`` carries a model type of its own (``linearize_<base>``), so loading without
-``trust_remote_code`` fails loudly instead of silently building a softmax model, and an
+``config.json`` carries a model type of its own (``linearize_<base>``), so loading with an Auto
+class without ``trust_remote_code`` fails instead of silently building a softmax model, and an
 ``auto_map`` that points every Auto class the base architecture has to
-``modeling_linearize.py``. That file is generated from linearize's own sources (the attention
-core, every feature map and the transformers patch, which import only torch and transformers)
-plus one subclass per head whose ``__init__`` attaches the feature maps described by the
-config's ``linearize`` block. Nothing in it imports linearize.
+``modeling_linearize.py``. It also names linearize's attention (``"attn_implementation":
+"linearize"``), which transformers does not know without the remote code: an explicit softmax class
+(``BertModel.from_pretrained(dir)``) fails too. ``modeling_linearize.py`` is generated from
+linearize's own sources (the attention core, every feature map and the transformers patch, which
+import only torch and transformers) plus one subclass per head whose ``__init__`` attaches the
+feature maps described by the config's ``linearize`` block and which keeps linearize's attention
+implementation (``hf_attention.LinearAttentionGuard``: ``set_attn_implementation("sdpa")`` is
+refused). Nothing in it imports linearize.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import inspect
 from pathlib import Path
 
 from ... import errors
+from ... import field_types
 from ...attention import core
 from ...attention import feature_maps
 from ...attention import windowed
@@ -76,8 +81,8 @@ def _module_source(module):
 def bundled_sources():
     """The attention core, the feature maps, windowed attention and the transformers patch as one
     source text."""
-    modules = [errors, record, core] + [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES] + [
-        windowed, hf_attention]
+    maps = [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES]
+    modules = [errors, field_types, record, core, *maps, windowed, hf_attention]
     parts = []
     for module in modules:
         parts.append(f"# ---- {module.__name__} " + "-" * max(0, 80 - len(module.__name__)))
@@ -111,11 +116,15 @@ def modeling_source(base_model_type, config_class_name, class_names, version, ba
         f"class LinearizeConfig({config_class_name}):",
         f'    model_type = "{model_type_for(base_model_type)}"',
         "",
+        "    def to_dict(self):",
+        "        # kept in config.json through a plain save_pretrained: a softmax class then refuses the folder",
+        '        return {**super().to_dict(), "attn_implementation": ATTENTION_IMPLEMENTATION}',
+        "",
     ]
     for class_name in class_names:
         lines += [
             "",
-            f"class {remote_class_name(class_name)}({class_name}):",
+            f"class {remote_class_name(class_name)}(LinearAttentionGuard, {class_name}):",
             "    config_class = LinearizeConfig",
             "",
             "    def __init__(self, config, *args, **kwargs):",

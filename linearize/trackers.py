@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import LinearizeError
+from .errors import LinearizeError
 
 #: the trackers accelerate 1.x knows (``accelerate.tracking.LOGGER_TYPE_TO_CLASS``) and the package
 #: each needs

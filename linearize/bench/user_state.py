@@ -1,0 +1,140 @@
+"""The speed a user's own process gets: saved folders timed in fresh child processes.
+
+People who use a converted model never run the ``linearize`` command: they load its folder with
+plain transformers (``trust_remote_code=True``) in their own process, under glibc's default
+allocator, with whatever ran before in that process. The ``linearize`` command tunes malloc
+(:mod:`linearize.allocator`) and keeps everything in one warm process, so what it measures
+in-process sits at the top of what a user gets. Here each process is what a user has:
+
+- a fresh interpreter started with the parent's environment less glibc's malloc settings
+  (``MALLOC_*`` variables and ``GLIBC_TUNABLES``: the default allocator);
+- ``linearize`` cannot be imported in it (``sys.modules["linearize"] = None``): the folders load
+  with ``transformers.AutoModel.from_pretrained(folder, trust_remote_code=True)`` alone;
+- ``torch.set_num_threads(threads)`` and ``torch.inference_mode()`` (as a serving loop or a
+  transformers pipeline runs a model);
+- in each process the models are timed interleaved, the order alternating every round, and the
+  first model alternates between processes; a process's figure is its median over ``repeats``
+  rounds after ``warmup`` untimed ones, with the median minor page faults per forward.
+
+Over ``processes`` processes a length's row gives each model's median of the processes' medians,
+and for every model its time ratio to the reference (reference ÷ model) per process: the median,
+the lowest and the highest, so a figure comes with how far a single process strays from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from ..errors import LinearizeError
+
+#: what one child process runs: argv[1] is a JSON spec, the last stdout line its JSON rows
+CHILD = r"""
+import json, resource, statistics, sys, time
+sys.modules["linearize"] = None  # the user's process: linearize is not installed there
+import torch, transformers
+
+spec = json.loads(sys.argv[1])
+torch.set_num_threads(spec["threads"])
+models = {label: transformers.AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+          for label, path in spec["folders"].items()}
+vocab = min(m.config.vocab_size for m in models.values())
+
+def forward(model, inputs):
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    model(**inputs)
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+rows = []
+with torch.inference_mode():
+    for n in spec["seq_lens"]:
+        generator = torch.Generator().manual_seed(spec["seed"] + n)
+        ids = torch.randint(5, vocab, (spec["batch_size"], n), generator=generator)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        labels = [label for label in spec["order"] if n not in spec["skip"].get(label, [])]
+        for _ in range(spec["warmup"]):
+            for label in labels:
+                forward(models[label], inputs)
+        seconds, faults = {label: [] for label in labels}, {label: [] for label in labels}
+        for round_ in range(spec["repeats"]):
+            for label in (labels if round_ % 2 == 0 else labels[::-1]):
+                elapsed, count = forward(models[label], inputs)
+                seconds[label].append(elapsed)
+                faults[label].append(count)
+        rows.append({"seq_len": n, "median_ms": {k: 1000 * statistics.median(v) for k, v in seconds.items()},
+                     "faults": {k: statistics.median(v) for k, v in faults.items()}})
+import os
+state = {"linearize_loaded": sys.modules.get("linearize") is not None, "threads": torch.get_num_threads(),
+         "malloc_settings": sorted(k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
+print(json.dumps({"rows": rows, "state": state}))
+"""
+
+
+def user_environment():
+    """The parent's environment less glibc's malloc settings: a child gets the default allocator."""
+    return {key: value for key, value in os.environ.items()
+            if not key.startswith("MALLOC_") and key != "GLIBC_TUNABLES"}
+
+
+def run_child(spec, timeout=None):
+    """One fresh process's rows (see :data:`CHILD`); a failed child is a one-line error with its
+    last line of stderr."""
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
+                          env=user_environment(), timeout=timeout)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LinearizeError(f"a measuring process (plain transformers, no linearize) failed: {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # {"rows": [...], "state": {...}}
+
+
+def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, repeats=3, warmup=1, batch_size=1,
+                    seed=0, skip=None, log=None):
+    """Rows as :func:`linearize.bench.measure_lengths` gives them (``results[label]`` with
+    ``median_ms`` and ``time_vs_softmax`` against ``reference``), measured in ``processes`` fresh
+    processes (module docstring); each result also has ``faults_per_forward`` and, for the
+    converted models, ``speedup`` ``{median, lowest, highest, per_process}`` (reference ÷ model).
+    ``folders``: ``{label: saved folder}``; ``skip``: ``{label: [lengths not to run]}`` (softmax
+    past its memory cap)."""
+    if processes < 1:
+        raise LinearizeError(f"processes must be >= 1, got {processes}")
+    labels = list(folders)
+    spec = {"folders": {k: str(v) for k, v in folders.items()}, "seq_lens": [int(n) for n in seq_lens],
+            "threads": int(threads), "repeats": int(repeats), "warmup": int(warmup), "batch_size": int(batch_size),
+            "seed": int(seed), "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
+    runs = []
+    for index in range(processes):
+        child = run_child({**spec, "order": labels if index % 2 == 0 else labels[::-1]})
+        if child["state"]["linearize_loaded"] or child["state"]["malloc_settings"]:
+            raise RuntimeError(f"a measuring process was not in the user's state: {child['state']}")
+        runs.append(child["rows"])
+        if log:
+            log(f"process {index + 1}/{processes}: " + "; ".join(
+                f"N={row['seq_len']}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["median_ms"].items())
+                for row in runs[-1]) + " ms")
+    return [_row(n, [run[i] for run in runs], labels, reference) for i, n in enumerate(spec["seq_lens"])]
+
+
+def _row(n, per_process, labels, reference):
+    """One length's row from the processes' entries for it."""
+    results = {}
+    for label in labels:
+        times = [entry["median_ms"][label] for entry in per_process if label in entry["median_ms"]]
+        if not times:
+            continue
+        faults = [entry["faults"][label] for entry in per_process if label in entry["faults"]]
+        results[label] = {"median_ms": statistics.median(times), "per_process_ms": times,
+                          "faults_per_forward": statistics.median(faults)}
+    if reference in results:
+        for label, entry in results.items():
+            ratios = [run["median_ms"][reference] / run["median_ms"][label] for run in per_process
+                      if label in run["median_ms"] and reference in run["median_ms"]]
+            entry["time_vs_softmax"] = entry["median_ms"] / results[reference]["median_ms"]
+            if label != reference:
+                entry["speedup"] = {"median": statistics.median(ratios), "lowest": min(ratios),
+                                    "highest": max(ratios), "per_process": ratios}
+    skipped = {label: "past the softmax memory cap" for label in labels if label not in results}
+    return {"seq_len": n, "results": results, "skipped": skipped, "processes": len(per_process)}
