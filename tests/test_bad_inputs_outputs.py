@@ -343,9 +343,10 @@ def test_ctrl_c_during_distill_says_how_to_resume(ws, tmp_path):
     out = tmp_path / "d"
     process = linearize_process(*DISTILL.format(ws=ws, out=out).split(), "--epochs", "100000")
     deadline = time.monotonic() + 300
-    while not lock_file_of(out).exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # the command is at work once it holds its output's lock
-    time.sleep(3)
+    metrics = Path(f"{out}.work") / "metrics.jsonl"
+    while not metrics.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has begun once its first step is logged (a Ctrl-C while a model
+        # loads is the wrapped case: test_a_ctrl_c_wrapped_by_a_library_is_still_an_interrupt)
     process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     code, lines = finished(process, timeout=60)
@@ -406,3 +407,18 @@ def test_the_plain_text_filter_strips_colour_codes():
 
     handlers = transformers.utils.logging.get_logger().handlers
     assert all(sum(isinstance(f, PlainText) for f in handler.filters) == 1 for handler in handlers)
+
+
+def test_a_ctrl_c_wrapped_by_a_library_is_still_an_interrupt():
+    """transformers' lazy modules re-raise a KeyboardInterrupt met while importing as a RuntimeError
+    "from" it (seen when Ctrl-C lands while a model loads): still one line and exit 130."""
+    from linearize.cli.common import caused_by_interrupt
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise RuntimeError("Failed to import transformers.models.bert") from interrupt
+    except RuntimeError as error:
+        assert caused_by_interrupt(error)
+    assert not caused_by_interrupt(RuntimeError("a bug"))

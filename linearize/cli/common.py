@@ -169,12 +169,12 @@ def friendly_errors(command):
         try:
             return command(*args, **kwargs)
         except KeyboardInterrupt:
-            if debug_enabled():  # where it was when interrupted
+            interrupted(command, kwargs)
+        except Exception as error:  # noqa: BLE001  (a Ctrl-C wrapped by a library: see caused_by_interrupt)
+            if caused_by_interrupt(error):
+                interrupted(command, kwargs)
+            if not isinstance(error, (LinearizeError, typer.BadParameter, OSError)):
                 raise
-            said = INTERRUPTED.get(command.__name__, "interrupted").format(out=kwargs.get("out") or "<out>")
-            err_console.print(escape(said), highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
-        except (LinearizeError, typer.BadParameter, OSError) as error:
             message = user_error_message(error, [*args, *kwargs.values()])
             if message is None or debug_enabled():
                 raise
@@ -182,6 +182,28 @@ def friendly_errors(command):
             raise typer.Exit(2 if isinstance(error, typer.BadParameter) else 1) from None
 
     return wrapper
+
+
+def caused_by_interrupt(error):
+    """True when a Ctrl-C caused ``error``: transformers' lazy modules turn a KeyboardInterrupt
+    raised while they import into a RuntimeError "from" it, so a Ctrl-C while a model loads would
+    otherwise end in that traceback."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def interrupted(command, kwargs):
+    """Say how to resume after a Ctrl-C and exit 130 (the traceback with ``LINEARIZE_DEBUG=1``)."""
+    if debug_enabled():  # where it was when interrupted
+        raise
+    said = INTERRUPTED.get(command.__name__, "interrupted").format(out=kwargs.get("out") or "<out>")
+    err_console.print(escape(said), highlight=False, soft_wrap=True)
+    raise typer.Exit(130) from None
 
 
 def user_error_message(error, arguments):

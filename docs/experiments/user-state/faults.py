@@ -90,13 +90,17 @@ def measure_one(folder, length, batch, mode, forwards=5, warmup=2, threads=2):
 
     for _ in range(warmup):
         forward()
-    faults, walls = [], []
+    faults, walls, cpus = [], [], []
     for _ in range(forwards):
-        before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         forward()
         walls.append(time.perf_counter() - start)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    result = {"faults": faults, "wall_s": [round(w, 4) for w in walls],
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        faults.append(after.ru_minflt - before.ru_minflt)
+        # process CPU time (both threads, the kernel's page-fault work included): less moved than
+        # the wall time by other jobs on a shared machine
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    result = {"faults": faults, "wall_s": [round(w, 4) for w in walls], "cpu_s": [round(c, 4) for c in cpus],
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "faults_by_part": faults_by_part(model, forward)}
     result.update(profile_forward(forward))
@@ -247,6 +251,38 @@ def table(rows, mode="inference"):
     return "\n".join(lines)
 
 
+def compare(before, after, mode="inference"):
+    """Markdown: per length and model, before → after: the median over processes of each process's
+    median faults per forward (× softmax's), MiB allocated and blocks of 128 KiB and more per
+    forward, then after: the median time and the median spread of a process's times ((max − min)
+    / median). The softmax folder is the same model in both runs: its processes are pooled."""
+    lines = ["| N (batch) | model | faults / forward, before → after (× softmax) | MiB allocated | "
+             "blocks ≥ 128 KiB | ms (after) | time spread (after) |", "|:--|:--|--:|--:|--:|--:|--:|"]
+    def pick(rows, length, config):
+        return [r for r in rows if r["mode"] == mode and r["length"] == length and r["config"] == config]
+
+    def median_faults(rows):
+        return statistics.median(statistics.median(r["faults"]) for r in rows)
+
+    for length in sorted({r["length"] for r in after if r["mode"] == mode}):
+        soft = median_faults(pick(before, length, "softmax") + pick(after, length, "softmax"))
+        for config in CONFIGS:
+            old, new = pick(before, length, config), pick(after, length, config)
+            if config == "softmax":
+                old = new = old + new
+            if not old or not new:
+                continue
+            faults = [median_faults(rs) for rs in (old, new)]
+            spread = statistics.median((max(r["wall_s"]) - min(r["wall_s"])) / statistics.median(r["wall_s"])
+                                       for r in new)
+            wall = statistics.median(statistics.median(r["wall_s"]) for r in new)
+            lines.append(f"| {length} ({new[0]['batch']}) | {config} | {faults[0]:,.0f} ({faults[0] / soft:.2f}×) → "
+                         f"**{faults[1]:,.0f} ({faults[1] / soft:.2f}×)** | {old[0]['alloc_bytes'] / 2**20:,.0f} → "
+                         f"{new[0]['alloc_bytes'] / 2**20:,.0f} | {old[0]['big_allocs']} → {new[0]['big_allocs']} | "
+                         f"{1e3 * wall:,.0f} | {100 * spread:.0f}% |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -265,6 +301,10 @@ def main(argv=None):
     shower.add_argument("results", type=Path)
     shower.add_argument("--mode", default="inference", choices=MODES)
     shower.add_argument("--profile", help="also list the top allocations of this config")
+    comparer = sub.add_parser("compare")
+    comparer.add_argument("--before", type=Path, nargs="+", required=True)
+    comparer.add_argument("--after", type=Path, nargs="+", required=True)
+    comparer.add_argument("--mode", default="inference", choices=MODES)
     args = parser.parse_args(argv)
     if args.command == "make":
         make(args.out)
@@ -272,6 +312,10 @@ def main(argv=None):
         run(args.folders, args.out, args.configs, args.lengths, args.modes, args.rounds)
     elif args.command == "one":
         print(json.dumps(measure_one(args.folder, args.length, args.batch, args.mode)))
+    elif args.command == "compare":
+        before, after = ([row for path in paths for row in json.loads(path.read_text())]
+                         for paths in (args.before, args.after))
+        print(compare(before, after, args.mode))
     else:
         rows = json.loads(args.results.read_text())
         print(table(rows, args.mode))
