@@ -80,7 +80,9 @@ LIMITS = {
     "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
     "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
-    "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE,
+    "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE, "window": NON_NEGATIVE, "gamma": POSITIVE,
+    "sinks": (lambda value: set(value.replace(" ", "").replace("+", ",").split(",")) <= {"none", "first", "last"},
+              "none, first, last or first,last"),
     "layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
                "a non-empty list of distinct layer indices (0 or more), or null for every layer"),
 }
@@ -200,6 +202,23 @@ class SlidingWindowConfig(Config):
     convert_sliding_window: bool = setting(
         False, "Also convert the sliding-window layers (ModernBERT: 2 of every 3) to windowed linear attention; "
                "by default only global layers are converted and sliding-window layers stay windowed softmax.")
+
+
+@dataclass
+class HybridConfig(Config):
+    """Hybrid attention at conversion (``linearize.convert``, ``linearize convert``, a recipe's ``hybrid``
+    section): exact softmax over a window of nearby keys and a few sink tokens, linear attention over the
+    rest, in one normalisation (``linearize.attention.hybrid``)."""
+
+    window: int = setting(
+        0, "Radius R in tokens of the exact-softmax window around each query (|i - j| <= R); the other keys get "
+           "linear attention. 0 = no window (with --sinks none: pure linear attention). Inputs of at most R + 1 "
+           "tokens run exact softmax.")
+    sinks: str = setting(
+        "none", "Tokens kept exact (softmax) for every query, beside the window: none, first, last or first,last "
+                "(each sequence's first and last real token: BERT's [CLS] and [SEP]).")
+    gamma: float = setting(
+        1.0, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2).")
 
 
 @dataclass
@@ -336,6 +355,7 @@ class RunConfig(Config):
         "tile", "How the positions past the source model's learned table start when data.max_length exceeds it "
                 "(convert.positions): tile (copy the pretrained table, as Longformer) | interpolate.")
     seed: int = setting(0, "Random seed of every stage.")
+    hybrid: HybridConfig = setting(HybridConfig, "Hybrid attention: an exact window and sinks beside linear attention.")
     data: DataConfig = setting(DataConfig, "Where the data comes from.")
     teacher: TeacherConfig = setting(TeacherConfig, "The softmax teacher.")
     stage1: Stage1Config = setting(Stage1Config, "Stage 1: attention distillation.")

@@ -50,14 +50,15 @@ OLD_DEFAULTS = {
 NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0}, "position_init": "tile",
                 "data": {"similarity_file": None, "group_by_length": False, "regression": False},
                 "teacher": {"attention_dropout": None},
-                "eval": {"latency_max_length": 8192}}
+                "eval": {"latency_max_length": 8192},
+                "hybrid": {"window": 0, "sinks": "none", "gamma": 1.0}}
 
 
 def _with_new_keys(old):
     merged = {key: dict(value) if isinstance(value, dict) else value for key, value in old.items()}
     for key, value in NEW_DEFAULTS.items():
         if isinstance(value, dict):
-            merged[key].update(value)
+            merged.setdefault(key, {}).update(value)
         else:
             merged[key] = value
     return merged

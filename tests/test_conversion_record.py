@@ -41,6 +41,12 @@ VERSION_1_BLOCK = {
 #: version 2: the config.json block of `linearize convert minilm --method hedgehog`, made before the record
 VERSION_2_BLOCK = {"_type": "LinearizeConfig", "_version": 2, "_data": VERSION_1_BLOCK}
 
+#: version 3: the record before hybrid attention (no window, sinks or gamma)
+VERSION_3_BLOCK = {"_type": "ConversionRecord", "_version": 3, "_data": {
+    **{key: value for key, value in VERSION_1_BLOCK.items() if key not in ("format_version", "sentence_transformers")},
+    "sliding_window_layers": [], "sentence_transformers_files": SENTENCE_TRANSFORMERS_FILES, "max_length": None,
+    "position_init": None, "image_size": None}}
+
 EXPECTED = ConversionRecord(
     method="hedgehog", layers=(0, 1, 2, 3, 4, 5), options={}, num_attention_layers=6, source="minilm",
     base_model_type="bert", architecture="BertModel", previous_attn_implementation="sdpa",
@@ -48,10 +54,12 @@ EXPECTED = ConversionRecord(
     linearize_version="0.1.0")
 
 
-@pytest.mark.parametrize("stored", [VERSION_1_BLOCK, VERSION_2_BLOCK], ids=["version-1", "version-2"])
+@pytest.mark.parametrize("stored", [VERSION_1_BLOCK, VERSION_2_BLOCK, VERSION_3_BLOCK],
+                         ids=["version-1", "version-2", "version-3"])
 def test_old_blocks_read_as_the_record(stored):
     record = ConversionRecord.from_block(copy.deepcopy(stored))
     assert record == EXPECTED
+    assert record.window == 0 and record.hybrid is None  # written before hybrid attention: pure linear
     assert record.parameters_added_percent == pytest.approx(100.0 * 73728 / 22713216)
     assert ConversionRecord.from_config({"linearize": stored}) == EXPECTED  # config.json's content
     assert ConversionRecord.from_config({"model_type": "bert"}) is None
@@ -60,9 +68,14 @@ def test_old_blocks_read_as_the_record(stored):
 def test_the_block_round_trips_through_json():
     stored = json.loads(json.dumps(EXPECTED.to_block()))
     assert set(stored) == {"_type", "_version", "_data"}
-    assert (stored["_type"], stored["_version"]) == (RECORD_TYPE, RECORD_VERSION) == ("ConversionRecord", 3)
+    assert (stored["_type"], stored["_version"]) == (RECORD_TYPE, RECORD_VERSION) == ("ConversionRecord", 4)
     assert "format_version" not in stored["_data"] and stored["_data"]["layers"] == [0, 1, 2, 3, 4, 5]
     assert ConversionRecord.from_block(stored) == EXPECTED
+    hybrid = ConversionRecord(**{**EXPECTED.__dict__, "window": 32, "sinks": ("first", "last"), "gamma": 0.5})
+    stored = json.loads(json.dumps(hybrid.to_block()))
+    assert stored["_data"]["sinks"] == ["first", "last"]
+    back = ConversionRecord.from_block(stored)
+    assert back == hybrid and back.hybrid == {"window": 32, "sinks": ("first", "last"), "gamma": 0.5}
 
 
 def test_blocks_it_cannot_read_are_refused_in_one_line():

@@ -50,10 +50,16 @@ def parse_method_list(text):
     return specs
 
 
+#: keys of a method spec's options that are conversion settings, not the feature map's: hybrid attention
+#: (``config.HybridConfig``), e.g. ``hedgehog(window=32,sinks=first+last)``
+HYBRID_KEYS = ("window", "sinks", "gamma")
+
+
 def method_specs(methods):
     """``[(label, method, options)]`` from names, ``(name, options)`` pairs, a ``{label: ...}``
     dict or a :func:`parse_method_list` string (None: every registered method but softmax); each
-    method's options are checked before any timing, so a typo fails at once."""
+    method's options are checked before any timing, so a typo fails at once. The options may hold
+    the hybrid settings :data:`HYBRID_KEYS` (``linearize.convert`` takes them beside the method's)."""
     from ..attention.feature_maps import check_method_options
     from ..attention.feature_maps import methods as registered
 
@@ -65,7 +71,11 @@ def method_specs(methods):
     specs = []
     for label, spec in items:
         name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-        check_method_options(name, options)  # before any timing: a typo fails at once
+        check_method_options(name, {k: v for k, v in options.items() if k not in HYBRID_KEYS})  # a typo fails now
+        if any(key in options for key in HYBRID_KEYS):
+            from ..convert.api import hybrid_settings
+
+            hybrid_settings(*(options.get(key) for key in HYBRID_KEYS), method=name)
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
         if label in SOFTMAX_LABELS or label in [s[0] for s in specs]:
             raise LinearizeError(f"duplicate or reserved benchmark label {label!r}")

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..config import PositionsConfig, SlidingWindowConfig
+from ..config import HybridConfig, PositionsConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
 from .common import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, err_console,
@@ -51,6 +51,7 @@ def methods_command(
 @friendly_errors
 @config_options(PositionsConfig, into="positions")
 @config_options(SlidingWindowConfig, into="sliding")
+@config_options(HybridConfig, into="hybrid")
 def convert_command(
     model: Annotated[str, typer.Argument(help="A local model folder, a Hub id, or an alias (bert-base, roberta-base, "
                                               "vit-base, minilm).")],
@@ -67,6 +68,7 @@ def convert_command(
     num_labels: Annotated[Optional[int], typer.Option(help="Number of labels of a new classification head.")] = None,
     positions: PositionsConfig = None,
     sliding: SlidingWindowConfig = None,
+    hybrid: HybridConfig = None,
 ):
     """Convert a pretrained encoder's softmax attention to linear attention and save it.
 
@@ -74,6 +76,8 @@ def convert_command(
     Longer inputs: linearize convert minilm --method hedgehog --max-length 4096 --out runs/minilm-hh-4k
     Larger images: linearize convert vit-base --method hedgehog --image-size 384 --out runs/vit-hh-384
     ModernBERT's local layers too: linearize convert MODEL --method hedgehog --convert-sliding-window --out DIR
+    Hybrid (exact softmax within 32 tokens and on [CLS]/[SEP]): linearize convert minilm --method hedgehog
+    --window 32 --sinks first,last --out runs/minilm-hh-w32
     """
     from ..convert.loading import check_source
 
@@ -84,7 +88,7 @@ def convert_command(
 
         info = convert_checkpoint(model, method, out, layers=layers, options=options, overwrite=overwrite,
                                   allow_pickle=allow_pickle, head=head, num_labels=num_labels,
-                                  **positions.to_dict(), **sliding.to_dict())
+                                  **positions.to_dict(), **sliding.to_dict(), **hybrid.to_dict())
     print_summary(info)
 
 
@@ -141,6 +145,13 @@ def print_environment():
         err_console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
+def _attention_kind(info):
+    """How the converted layers attend: linear, or hybrid with its window and sinks."""
+    from ..attention.hybrid import describe
+
+    return describe(info["method"], info.get("window") or 0, info.get("sinks") or ())
+
+
 def print_summary(info, speed=None):
     """The summary table; ``speed``: ``{row name: text}`` of a measured crossover, else a hint."""
     table = Table(show_header=False, title=f"linearize model: {info['directory']}")
@@ -151,6 +162,7 @@ def print_summary(info, speed=None):
         ("method", info["method"]),
         ("options", ", ".join(f"{k}={v}" for k, v in info["options"].items()) or "defaults"),
         ("converted layers", f"{len(layers)} of {total}: {layers}" + ("" if len(layers) == total else " (others softmax)")),
+        ("attention", _attention_kind(info)),
         ("source", str(info["source"])),
         ("parameters added", f"{info['parameters_added']:,} ({info['parameters_added_percent']:.3f}% of "
                              f"{info['parameters_base']:,})"),

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..config import DataConfig, FinetuneConfig, Stage1Config
+from ..config import DataConfig, FinetuneConfig, HybridConfig, Stage1Config
 from ..recipes import parse_options
 from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, check_arguments, console,
                      friendly_errors, parse_layers, print_scores, set_threads, writing_output)
@@ -30,6 +30,7 @@ KeepWorkOpt = Annotated[bool, typer.Option(
 @friendly_errors
 @config_options(Stage1Config, exclude=("enabled",))
 @config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
+@config_options(HybridConfig, unset_is_none=True, into="hybrid")
 def distill_command(
     model: ModelArg,
     out: OutOpt,
@@ -43,6 +44,7 @@ def distill_command(
     threads: ThreadsOpt = None,
     config: Stage1Config = None,
     data: DataConfig = None,
+    hybrid: dict = None,
 ):
     """Stage 1: train only the feature maps to reproduce the softmax attention rows.
 
@@ -54,8 +56,8 @@ def distill_command(
     with writing_output(out):
         from ..pipeline import distill_model
 
-        result = distill_model(model, task, out, method=method, options=options, layers=layers, config=config,
-                               data=data, overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
+        result = distill_model(model, task, out, method=method, options=options, layers=layers, hybrid=hybrid,
+                               config=config, data=data, overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")

@@ -15,7 +15,7 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 
 from ..attention.feature_maps import check_method_options
-from ..config import SlidingWindowConfig
+from ..config import HybridConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from . import positions, resolution, sentence_transformers
 from .backends import backend_for, backend_for_record, hf_attention
@@ -97,10 +97,11 @@ def is_converted(model):
     return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
 
 
-def check_convertible(model, method, *, layers=None, **options):
+def check_convertible(model, method, *, layers=None, window=None, sinks=None, gamma=None, **options):
     """A one-line ``LinearizeError`` unless ``model`` can be converted to ``method`` with these
-    ``layers`` and ``options``: checked before a long stage (a teacher's fine-tuning) runs."""
+    ``layers``, hybrid settings and ``options``: checked before a long stage (a teacher's fine-tuning) runs."""
     check_method_options(method, options)
+    hybrid_settings(window, sinks, gamma, method)
     if is_converted(model):
         raise LinearizeError("this model is already converted; start from its softmax source")
     check_memory(model, method, _check_layers(layers, len(attention_modules(model))), options)
@@ -161,7 +162,7 @@ def check_memory(model, method, layers, options):
 
 
 def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, image_size=None,
-            convert_sliding_window=None, **options):
+            convert_sliding_window=None, window=None, sinks=None, gamma=None, **options):
     """Replace softmax self-attention by ``method`` in place and return the model.
 
     ``layers``: indices of the attention layers to convert (default all but sliding-window layers),
@@ -172,6 +173,10 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     table to ``max_length`` tokens, tiled (default) or interpolated (``convert.positions``).
     ``image_size`` (``config.PositionsConfig``): make a vision model take S×S images, its position
     grid interpolated as in the ViT paper, §3.2 (``convert.resolution``).
+    ``window`` / ``sinks`` / ``gamma`` (``config.HybridConfig``; None: its defaults): hybrid attention,
+    exact softmax over the keys within ``window`` positions and the ``sinks`` (``"first,last"``), linear
+    attention over the rest, mixed by a learned γ per head starting at ``gamma``
+    (``linearize.attention.hybrid``); the converted global layers become hybrid, sliding-window layers never.
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers (their size is checked
     against the machine's memory first: :func:`check_memory`).
@@ -185,12 +190,17 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
         convert_sliding_window = SlidingWindowConfig().convert_sliding_window
     sliding = backend.sliding_window_layers(model)
     chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
+    hybrid = hybrid_settings(window, sinks, gamma)
+    if hybrid and set(chosen) & set(sliding):
+        raise LinearizeError(f"--window/--sinks make global layers hybrid; layers {sorted(set(chosen) & set(sliding))} "
+                             "attend through a sliding window already: convert without --convert-sliding-window, or "
+                             "without --window/--sinks")
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
     image_size = resolution.check_image_size(model, image_size)
     check_memory(model, method, chosen, options)
     before = sum(p.numel() for p in model.parameters())
     found = backend.record(model, source)  # before attach: the model's own class and attention
-    backend.attach(model, method, chosen, options)
+    backend.attach(model, method, chosen, options, hybrid)
     added = int(sum(p.numel() for p in model.parameters()) - before)
     if max_length is not None:  # after attach: the model owns its config now
         positions.extend_positions(model, max_length, position_init)
@@ -201,11 +211,38 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
         resolution.resize_image_positions(model, image_size)
     backend.store_record(model, ConversionRecord(
         method=method, options=dict(options), layers=tuple(chosen), num_attention_layers=len(modules),
-        sliding_window_layers=tuple(sliding), parameters_added=added,
+        sliding_window_layers=tuple(sliding), parameters_added=added, **(hybrid or {}),
         parameters_base=int(sum(p.numel() for p in model.parameters()) - added), max_length=max_length,
         position_init=position_init if max_length is not None else None, image_size=image_size,
         linearize_version=_version(), **found))
     return model
+
+
+def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
+    """``{window, sinks, gamma}`` for ``FeatureMap.make_hybrid`` (None values: ``HybridConfig``'s
+    defaults), checked; None for pure linear attention (window 0, no sinks). An unknown sink, a
+    negative window, a γ that is not positive, and a window or sinks for exact softmax (``method``) are
+    one-line errors."""
+    from ..attention.hybrid import parse_sinks
+
+    defaults = HybridConfig()
+    config = HybridConfig(window=defaults.window if window is None else window,
+                          sinks=defaults.sinks if sinks is None else sinks,
+                          gamma=defaults.gamma if gamma is None else gamma)
+    config.check()
+    try:
+        names = parse_sinks(config.sinks)
+    except ValueError as error:
+        raise LinearizeError(str(error)) from None
+    if not config.window and not names:
+        return None
+    if method is not None:
+        from ..attention.feature_maps import get_feature_map_class
+
+        if get_feature_map_class(method).exact_softmax:
+            raise LinearizeError(f"--window/--sinks make part of a linear method's attention exact; {method} is exact "
+                                 "already: drop them, or choose a linear method")
+    return {"window": int(config.window), "sinks": names, "gamma": float(config.gamma)}
 
 
 def revert(model):
@@ -283,14 +320,14 @@ def save_processors(source, directory, model_max_length=None, image_size=None):
 
 def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
                        allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None,
-                       image_size=None, convert_sliding_window=None):
+                       image_size=None, convert_sliding_window=None, window=None, sinks=None, gamma=None):
     """Load ``model_name`` (folder, Hub id or alias), convert it and save it to ``out``.
 
     ``head`` (``linearize.convert.loading.HEADS``) picks the task head to load instead of the
     checkpoint's own architecture (a new head is randomly initialised, ``num_labels`` outputs).
     ``max_length`` / ``position_init``: extend the position table (``convert``); the saved
     tokenizer's ``model_max_length`` follows. ``image_size``: convert for S×S images; the saved
-    image processor follows. ``convert_sliding_window``: as ``convert``.
+    image processor follows. ``convert_sliding_window``, ``window``, ``sinks``, ``gamma``: as ``convert``.
     The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
     prints).
     """
@@ -299,6 +336,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
 
     options = dict(options or {})
     check_method_options(method, options)
+    hybrid_settings(window, sinks, gamma, method)  # before the model loads
     if out is None:
         raise LinearizeError("pass --out DIR: the folder to write the converted model to")
     if num_labels is not None and num_labels < 1:
@@ -312,7 +350,8 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
                              f"{type(model).__name__}, which has none; add --head sequence-classification "
                              "(or image-classification, token-classification)")
     convert(model, method, layers=layers, source=model_name, max_length=max_length, position_init=position_init,
-            image_size=image_size, convert_sliding_window=convert_sliding_window, **options)
+            image_size=image_size, convert_sliding_window=convert_sliding_window, window=window, sinks=sinks,
+            gamma=gamma, **options)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         save_processors(resolve_model_name(model_name), tmp, model_max_length=max_length, image_size=image_size)
@@ -349,4 +388,6 @@ def summary(directory):
         "position_init": record.position_init,
         "image_size": record.image_size,
         "sliding_window_layers": list(record.sliding_window_layers),
+        "window": record.window,
+        "sinks": list(record.sinks),
     }

@@ -7,7 +7,7 @@ configs::
 
     {"_type": "ConversionRecord", "_version": 3, "_data": {"method": ..., "layers": [...], ...}}
 
-Older blocks still read: version 2 (``{"_type": "LinearizeConfig", "_version": 2, "_data": {...}}``)
+Older blocks still read: version 3 (no hybrid attention: ``window`` 0), version 2 (``{"_type": "LinearizeConfig", "_version": 2, "_data": {...}}``)
 and version 1 (the unversioned dict with ``format_version: 1``). A block of another type or of a
 newer version is refused with what to do. This module imports only the standard library and
 linearize's error class, so a saved model's self-contained remote code bundles it
@@ -19,7 +19,7 @@ import dataclasses
 from ..errors import LinearizeError
 
 RECORD_TYPE = "ConversionRecord"
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 #: the ``_type`` version 2 blocks carry (version 1 blocks carry none)
 LEGACY_RECORD_TYPE = "LinearizeConfig"
 #: keys of version 1 and 2 blocks that version 3 names otherwise
@@ -39,7 +39,10 @@ class ConversionRecord:
     (``"timm"`` and the timm class for timm models); ``previous_attn_implementation``: the attention
     ``revert`` restores; ``sentence_transformers_files``: ``{relative path: JSON content}`` of a
     sentence-transformers source, written back on every save; ``parameters_base`` /
-    ``parameters_added``: the pretrained and the feature maps' parameter counts; ``max_length`` /
+    ``parameters_added``: the pretrained and the feature maps' parameter counts; ``window`` / ``sinks`` /
+    ``gamma``: hybrid attention (``linearize.attention.hybrid``: the exact window's radius, 0 for none, the
+    sink tokens, both none for pure linear attention, and γ's initial value; the layers in ``sliding_window_layers`` are never
+    hybrid); ``max_length`` /
     ``position_init``: the extended position table, if any; ``image_size``: the image size the model
     was converted for, if any; ``linearize_version``: the linearize that converted it.
     """
@@ -56,6 +59,9 @@ class ConversionRecord:
     sentence_transformers_files: dict | None = None
     parameters_base: int | None = None
     parameters_added: int = 0
+    window: int = 0
+    sinks: tuple[str, ...] = ()
+    gamma: float = 1.0
     max_length: int | None = None
     position_init: str | None = None
     image_size: int | None = None
@@ -77,6 +83,7 @@ class ConversionRecord:
         for name in LAYER_FIELDS:
             data[name] = list(data[name])
         data["options"] = dict(data["options"])
+        data["sinks"] = list(data["sinks"])
         return {"_type": RECORD_TYPE, "_version": RECORD_VERSION, "_data": data}
 
     @classmethod
@@ -95,7 +102,14 @@ class ConversionRecord:
         for name in LAYER_FIELDS:
             data[name] = tuple(int(index) for index in data.get(name) or ())
         data["options"] = dict(data.get("options") or {})
+        data["sinks"] = tuple(str(name) for name in data.get("sinks") or ())
         return cls(**data)
+
+    @property
+    def hybrid(self):
+        """The hybrid settings ``{window, sinks, gamma}`` that ``FeatureMap.make_hybrid`` takes, or None for
+        pure linear attention (no window, no sinks)."""
+        return {"window": self.window, "sinks": self.sinks, "gamma": self.gamma} if self.window or self.sinks else None
 
     @classmethod
     def from_config(cls, config):

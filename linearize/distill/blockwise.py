@@ -36,7 +36,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..attention.core import DEFAULT_EPS, feature_maps, normalised_kernel_rows, softmax_attention_weights
+from ..attention.core import DEFAULT_EPS, feature_maps, softmax_attention_weights
 from .losses import row_cross_entropy, row_entropy, row_negative_mass, row_squared_error
 
 #: the most elements a block's rows (``B×H×b×N``) hold: 64 MiB of float32
@@ -81,8 +81,8 @@ def blockwise_distillation_terms(q, k, v, feature_map, key_padding_mask=None, sc
     out = torch.empty(*v.shape[:2], seq_q, v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, seq_q, block):
         stop = min(start + block, seq_q)
-        step = partial(_block_sums, key_padding_mask=key_padding_mask, scale=scale, eps=eps, with_mse=with_mse,
-                       with_negative_grad=with_negative_grad)
+        step = partial(_block_sums, feature_map=feature_map, start=start, key_padding_mask=key_padding_mask,
+                       scale=scale, eps=eps, with_mse=with_mse, with_negative_grad=with_negative_grad)
         args = (phi_q[:, :, start:stop], phi_k, mask, rows[:, start:stop], q[:, :, start:stop], k, v)
         if grad:
             *parts, out_block = checkpoint(step, *args, use_reentrant=False, preserve_rng_state=False)
@@ -101,14 +101,16 @@ def rows_per_block(batch, heads, keys, block_size):
     return max(1, min(int(block_size), BLOCK_ELEMENTS // max(1, batch * heads * keys)))
 
 
-def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, key_padding_mask, scale, eps, with_mse, with_negative_grad):
-    """One block's weighted row sums ``(ce, mse, negative mass, H(A), H(Â))`` and its exact softmax output; the
-    teacher rows, the output and the entropies are computed without autograd."""
+def _block_sums(phi_q, phi_k, mask, rows, q, k, v, *, feature_map, start, key_padding_mask, scale, eps, with_mse,
+                with_negative_grad):
+    """One block's weighted row sums ``(ce, mse, negative mass, H(A), H(Â))`` and its exact softmax output, for
+    the query rows ``start ..`` (the student's rows: ``feature_map.block_rows``, the hybrid rows of a hybrid
+    map); the teacher rows, the output and the entropies are computed without autograd."""
     weights = rows[:, None, :]  # [B,1,b]: 1 for a real query row
     with torch.no_grad():
         teacher = softmax_attention_weights(q, k, key_padding_mask, scale)
         out = (teacher @ v.float()).to(v.dtype)
-    student = normalised_kernel_rows(phi_q, phi_k, mask, eps)
+    student = feature_map.block_rows(q, k, phi_q, phi_k, mask, start, scale, eps)
     ce = (row_cross_entropy(teacher, student) * weights).sum()
     mse = (row_squared_error(student @ v.detach().float(), out) * weights).sum() if with_mse else ce.new_zeros(())
     negative = (row_negative_mass(student if with_negative_grad else student.detach()) * weights).sum()

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..attention.core import linear_attention_weights, softmax_attention_weights
+from ..attention.core import softmax_attention_weights
 from ..config import DistillConfig  # the stage-1 settings live in linearize.config
 from ..convert.api import feature_maps_of
 from ..report.results import StageResult
@@ -65,7 +65,7 @@ class DistillRecorder:
         query_mask = key_padding_mask if q.shape[2] == k.shape[2] else None
         penalty = self.penalty_weight(fm)
         with torch.enable_grad() if self.train else torch.no_grad():
-            student = linear_attention_weights(q.detach(), k.detach(), fm, key_padding_mask, scale)
+            student = fm.attention_weights(q.detach(), k.detach(), key_padding_mask, scale)
             ce = attention_cross_entropy(teacher, student, query_mask)
             mse = output_mse(student @ v.detach().float(), out, query_mask) if self.output_loss_weight else None
             negative = negative_weight_mass(student if penalty else student.detach(), query_mask)

@@ -52,7 +52,8 @@ def _model_info(source, student):
     return ModelInfo(source=source, architecture=record.architecture, method=record.method,
                      options=dict(record.options), layers=list(record.layers),
                      num_attention_layers=record.num_attention_layers, parameters_base=record.parameters_base or 0,
-                     parameters_added=record.parameters_added, parameters_added_percent=record.parameters_added_percent)
+                     parameters_added=record.parameters_added, parameters_added_percent=record.parameters_added_percent,
+                     window=record.window, sinks=list(record.sinks))
 
 
 def _attention(stage1):

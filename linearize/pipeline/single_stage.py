@@ -11,6 +11,7 @@ import dataclasses
 
 from ..config import DataConfig, EvalConfig, FinetuneConfig, RunConfig, Stage1Config
 from ..convert import conversion_record, convert, feature_maps_of
+from ..convert.api import hybrid_settings
 from ..distill import distill
 from ..errors import LinearizeError
 from ..evaluation import scores
@@ -70,10 +71,11 @@ def _work_dir(out):
     return Path(out).with_name(Path(out).name + ".work")
 
 
-def distill_model(model, task, out, *, method=None, options=None, layers=None, config=None, data=None,
+def distill_model(model, task, out, *, method=None, options=None, layers=None, hybrid=None, config=None, data=None,
                   overwrite=False, resume=True, keep_work=False, progress=True, log=print):
-    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first), save it;
-    its :class:`~linearize.report.StageResult`. ``config``: a :class:`Stage1Config` (its batch size
+    """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first, hybrid with
+    ``hybrid``: ``{window, sinks, gamma}``, as ``linearize.convert`` takes them), save it; its
+    :class:`~linearize.report.StageResult`. ``config``: a :class:`Stage1Config` (its batch size
     and dev batches included; a plain ``DistillConfig`` takes their defaults); ``data``: a
     :class:`DataConfig`.
 
@@ -85,16 +87,18 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     if config is not None and not isinstance(config, Stage1Config):
         config = Stage1Config(**dataclasses.asdict(config))
     config = (config or Stage1Config()).check()
+    hybrid = dict(hybrid or {})
     if method is not None:
         check_method_options(method, options or {})
-    check_same_conversion(model, method, layers, options)
+        hybrid_settings(**hybrid, method=method)
+    check_same_conversion(model, method, layers, options, hybrid)
     run_config = single_stage_config(model, task, data)
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(run_config)
     if not converted:
         if method is None:
             raise LinearizeError(f"{model} is not a converted model: pass --method to convert it first")
-        convert(net, method, layers=layers, source=str(model), **(options or {}))
+        convert(net, method, layers=layers, source=str(model), **hybrid, **(options or {}))
     if not any(p.numel() for fm in feature_maps_of(net).values() for p in fm.parameters()):
         method_name = conversion_record(net).method
         raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
@@ -109,10 +113,11 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, c
     return result
 
 
-def check_same_conversion(model, method=None, layers=None, options=None):
-    """A converted folder ``model`` is distilled as it was converted: a ``method``, ``layers`` or
-    ``options`` that differ from its own could not take effect, so they are a one-line error (the
-    same values, or none, pass). Checked before anything loads."""
+def check_same_conversion(model, method=None, layers=None, options=None, hybrid=None):
+    """A converted folder ``model`` is distilled as it was converted: a ``method``, ``layers``,
+    ``options`` or hybrid setting (``hybrid``: ``{window, sinks, gamma}`` given) that differ from its
+    own could not take effect, so they are a one-line error (the same values, or none, pass). Checked
+    before anything loads."""
     from ..attention.feature_maps import method_options
     from ..convert.loading import resolve_model_name
 
@@ -128,12 +133,23 @@ def check_same_conversion(model, method=None, layers=None, options=None):
         differs.append(f"layers {list(layers)}")
     if options and {**defaults, **record.options, **options} != {**defaults, **record.options}:
         differs.append("options " + ", ".join(f"{key}={value}" for key, value in options.items()))
+    differs += _hybrid_differences(record, hybrid or {})
     if differs:
         own = ", ".join(f"{key}={value}" for key, value in record.options.items()) or "default options"
         raise LinearizeError(f"{model} is already converted to {record.method} (layers {list(record.layers)}, {own}), "
                              f"so {' and '.join(differs)} cannot take effect: distil it as it is (without "
                              f"--method/--layers/-o), or convert its softmax source ({record.source}) with "
                              f"{' and '.join(differs)}")
+
+
+def _hybrid_differences(record, hybrid):
+    """The hybrid settings given in ``hybrid`` that differ from the folder's ``record`` (``gamma`` is only
+    where γ starts: a converted folder's γ is trained already, so any given γ differs)."""
+    from ..attention.hybrid import parse_sinks
+
+    own = {"window": record.window, "sinks": record.sinks}
+    given = {key: parse_sinks(value) if key == "sinks" else value for key, value in hybrid.items()}
+    return [f"--{key} {hybrid[key]}" for key, value in given.items() if key == "gamma" or value != own[key]]
 
 
 def _folder_record(path):

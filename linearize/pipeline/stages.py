@@ -180,7 +180,7 @@ def _make_teacher(ctx):
     config, spec = ctx.config, ctx.task.spec
     teacher, source = build_source_model(config, spec)
     # the student's conversion is checked now, not after the teacher's fine-tuning
-    check_convertible(teacher, config.method, layers=config.layers, **config.options)
+    check_convertible(teacher, config.method, layers=config.layers, **config.hybrid.to_dict(), **config.options)
     if not config.teacher.finetune:
         ctx.log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
         check_head(teacher, spec, config.model)
@@ -204,7 +204,8 @@ def stage1(ctx, teacher):
     config, settings = ctx.config, ctx.config.stage("stage1", ctx.report_to)
     ctx.log(f"[3/6] convert to {config.method}; stage 1: attention distillation")
     student = copy.deepcopy(teacher)
-    convert(student, config.method, layers=config.layers, source=str(config.model), **config.options)
+    convert(student, config.method, layers=config.layers, source=str(config.model), **config.hybrid.to_dict(),
+            **config.options)
     if settings.enabled:
         result = distill(student, ctx.train_loader(settings.batch_size), settings,
                          eval_loader=ctx.eval_loaders["validation"], eval_batches=settings.eval_batches,

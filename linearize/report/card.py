@@ -348,6 +348,11 @@ def _about(repo_id, record, report):
              f"**{method}** linear attention in {scope}, converted with linearize.", "",
              f"- Method: `{method}`" + (" with " + ", ".join(f"`{k}={v}`" for k, v in options.items())
                                         if options else " (default options)")]
+    if record.hybrid:
+        from ..attention.hybrid import describe
+
+        lines.append(f"- Attention: {describe(method, record.window, record.sinks)}, mixed by a learned weight per "
+                     "head in one normalisation (LoLCATs-style)")
     if base:
         lines.append(f"- Parameters: {base:,} pretrained + {added:,} added by the feature maps "
                      f"({record.parameters_added_percent:.3f} %)")

@@ -289,6 +289,10 @@ def _model_section(report):
         if total is not None and len(layers) != total:
             text += " (the others stay softmax)"
         rows.append(("converted layers", text))
+    if model.window or model.sinks:
+        from ..attention.hybrid import describe
+
+        rows.append(("attention", describe(model.method, model.window or 0, model.sinks or ())))
     if model.parameters_added is not None:
         text = f"{_fmt_count(model.parameters_added)}"
         if model.parameters_added_percent is not None:

@@ -257,11 +257,14 @@ class ModelInfo:
     parameters_base: float | None = None
     parameters_added: float | None = None
     parameters_added_percent: float | None = None
+    #: hybrid attention: the exact window's radius (0: pure linear attention) and the sink tokens
+    window: int | None = None
+    sinks: list | None = None
 
     @classmethod
     def from_json(cls, data):
         out = _fields(cls, data, ("parameters_base", "parameters_added", "parameters_added_percent"))
-        for name, kind in (("options", dict), ("layers", list)):
+        for name, kind in (("options", dict), ("layers", list), ("sinks", list), ("window", int)):
             if not isinstance(out.get(name), kind):
                 out.pop(name, None)
         return cls(**out)

@@ -31,7 +31,9 @@ from torch import nn
 
 from ...errors import LinearizeError, OptionError
 from ...field_types import check_field_types
-from ..core import is_tracing, linear_attention, linear_attention_weights
+from ..core import DEFAULT_EPS, is_tracing, linear_attention, linear_attention_weights, normalised_kernel_rows
+from ..hybrid import (hybrid_attention, hybrid_attention_weights, hybrid_block_rows, initial_log_gamma,
+                      parse_sinks)
 
 FEATURE_MAPS: dict = {}
 
@@ -218,6 +220,10 @@ class FeatureMap(nn.Module):
     in_default_comparison: bool = False
     #: its place in ``linearize.methods()`` (ties by name): a new method comes after the others
     order: int = 100
+    #: hybrid attention (:meth:`make_hybrid`): the exact window's radius R (0: pure linear attention)
+    #: and the sink tokens kept exact beside it
+    window: int = 0
+    sinks: tuple = ()
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
@@ -237,8 +243,34 @@ class FeatureMap(nn.Module):
         :attr:`writes_out`."""
         return self(x, mask=mask[:, start:start + x.shape[2]], **out)
 
+    def make_hybrid(self, window, sinks=(), gamma=1.0):
+        """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys
+        within ``window`` positions and the ``sinks``, linear attention over the others, mixed by a
+        learned ``γ`` per head that starts at ``gamma`` (stored as ``hybrid_log_gamma``). ``window`` 0
+        is no window (the sinks alone are exact); with no sinks either the layer stays pure linear
+        attention."""
+        window, sinks = int(window), parse_sinks(sinks)
+        if window < 0 or float(gamma) <= 0:
+            raise OptionError(f"{self.name}: window must be >= 0 and gamma > 0, got window={window}, gamma={gamma}")
+        if (window or sinks) and self.exact_softmax:
+            raise OptionError("a window or sinks make part of a linear method's attention exact; softmax is exact "
+                              "already")
+        self.window, self.sinks = window, sinks
+        if self.is_hybrid:
+            self.hybrid_log_gamma = nn.Parameter(initial_log_gamma(self.num_heads, gamma))
+        return self
+
+    @property
+    def is_hybrid(self):
+        """The layer's attention is hybrid: an exact window, or sinks, beside the linear attention."""
+        return bool(self.window or self.sinks)
+
+    def hybrid_gamma(self):
+        """γ per head ``[H]`` (float32) of a hybrid map."""
+        return self.hybrid_log_gamma.float().exp()
+
     def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
-        """Attention output ``[B,H,N,d]`` (linear path) and, if asked, Â ``[B,H,N,N]``.
+        """Attention output ``[B,H,N,d]`` (linear or hybrid path) and, if asked, its rows ``[B,H,N,N]``.
 
         ``dropout`` (attention-probability dropout) only applies to exact softmax: the linear
         path never forms the probabilities it would drop. While stage-1 distillation runs,
@@ -247,9 +279,27 @@ class FeatureMap(nn.Module):
         hook = self.__dict__.get("attend_hook")
         if hook is not None:
             return hook(self, q, k, v, key_padding_mask, scale, output_attentions)
-        out = linear_attention(q, k, v, self, key_padding_mask, scale)
-        weights = linear_attention_weights(q, k, self, key_padding_mask, scale) if output_attentions else None
-        return out, weights
+        if self.is_hybrid:
+            out = hybrid_attention(q, k, v, self, self.window, self.sinks, self.hybrid_gamma(), key_padding_mask, scale)
+        else:
+            out = linear_attention(q, k, v, self, key_padding_mask, scale)
+        return out, self.attention_weights(q, k, key_padding_mask, scale) if output_attentions else None
+
+    def attention_weights(self, q, k, key_padding_mask=None, scale=None):
+        """The layer's attention rows ``[B,H,N,N]`` (float32): the normalised kernel rows, or the
+        hybrid rows of a hybrid map (what ``output_attentions`` returns and stage 1 distils)."""
+        if self.is_hybrid:
+            return hybrid_attention_weights(q, k, self, self.window, self.sinks, self.hybrid_gamma(), key_padding_mask,
+                                            scale)
+        return linear_attention_weights(q, k, self, key_padding_mask, scale)
+
+    def block_rows(self, q, k, phi_q, phi_k, key_mask, start, scale=None, eps=DEFAULT_EPS):
+        """The rows of :meth:`attention_weights` for the query rows ``start .. start + b`` only (``q``
+        ``[B,H,b,d]`` and their features), from the features of ``core.feature_maps``: stage 1's blocks."""
+        if self.is_hybrid:
+            return hybrid_block_rows(q, k, phi_q, phi_k, key_mask, start, self.window, self.sinks,
+                                     self.hybrid_gamma(), scale, eps)
+        return normalised_kernel_rows(phi_q, phi_k, key_mask, eps)
 
     def num_learnable_parameters(self):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -10,7 +10,7 @@ rest (option checks, layer choice, the conversion record) once for all families.
         attention_modules(model) -> [(qualified name, module)]
         sliding_window_layers(model) -> [index]  # attention layers with a sliding window (never made global)
         record(model, source) -> dict           # family-specific fields of the ConversionRecord
-        attach(model, method, layers, options)  # feature maps on the chosen layers
+        attach(model, method, layers, options, hybrid)  # feature maps on the chosen layers (hybrid: window, sinks, γ)
         store_record(model, record)             # keep the ConversionRecord where save and load find it
         detach(model)
         save(model, directory)                  # weights + config.json with the linearize block

@@ -71,12 +71,12 @@ class HFBackend:
                 "previous_attn_implementation": model.config._attn_implementation,
                 "sentence_transformers_files": sentence_transformers.read_files(source) or None}
 
-    def attach(self, model, method, layers, options):
+    def attach(self, model, method, layers, options, hybrid=None):
         _own_config(model)
         head_dim, num_heads = hf_attention.head_geometry(model.config)
         hf_attention.register_attention_backend()
         hf_attention.attach_feature_maps(self.attention_modules(model), method, set(layers), options, head_dim,
-                                         num_heads)
+                                         num_heads, hybrid)
         model.set_attn_implementation(hf_attention.ATTENTION_IMPLEMENTATION)
         model.__class__ = linearized_hf_class(type(model))
         _register_output_recording(model)

@@ -202,20 +202,25 @@ def layer_options(method, options, layer_index):
     return options
 
 
-def layer_feature_map(module, index, method, options, head_dim, num_heads):
-    """The feature map of attention layer ``index`` (its own seed), on ``module``'s device and dtype."""
+def layer_feature_map(module, index, method, options, head_dim, num_heads, hybrid=None):
+    """The feature map of attention layer ``index`` (its own seed), on ``module``'s device and dtype;
+    ``hybrid`` (``ConversionRecord.hybrid``: window, sinks, gamma) makes a global layer's attention hybrid
+    (``FeatureMap.make_hybrid``); a sliding-window layer stays windowed (it is never hybrid)."""
     fm = create_feature_map(method, head_dim, num_heads, **layer_options(method, options, index))
+    if hybrid and getattr(module, "sliding_window", None) is None:
+        fm.make_hybrid(**hybrid)
     reference = next(module.parameters(), None)
     return fm if reference is None else fm.to(device=reference.device, dtype=reference.dtype)
 
 
-def attach_feature_maps(modules, method, layers, options, head_dim, num_heads):
-    """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers``; mark
-    the others as left softmax on purpose (:data:`KEPT_SOFTMAX`)."""
+def attach_feature_maps(modules, method, layers, options, head_dim, num_heads, hybrid=None):
+    """Create and attach ``module.linearize_map`` for the modules whose index is in ``layers`` (hybrid
+    attention with ``hybrid``: :func:`layer_feature_map`); mark the others as left softmax on purpose
+    (:data:`KEPT_SOFTMAX`)."""
     for index, (_, module) in enumerate(modules):
         detach_feature_map(module)
         if index in layers:
-            module.linearize_map = layer_feature_map(module, index, method, options, head_dim, num_heads)
+            module.linearize_map = layer_feature_map(module, index, method, options, head_dim, num_heads, hybrid)
         else:
             setattr(module, KEPT_SOFTMAX, True)
 
@@ -235,7 +240,7 @@ def apply_linearize_config(model, block):
     register_attention_backend()
     head_dim, num_heads = head_geometry(model.config)
     attach_feature_maps(attention_modules(model), record.method, set(record.layers), record.options, head_dim,
-                        num_heads)
+                        num_heads, record.hybrid)
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
 
 

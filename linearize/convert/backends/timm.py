@@ -80,12 +80,12 @@ class TimmBackend:
         base = getattr(type(model), "_linearize_base", type(model))
         return {"source": source, "base_model_type": "timm", "architecture": base.__name__}
 
-    def attach(self, model, method, layers, options):
+    def attach(self, model, method, layers, options, hybrid=None):
         for index, (_, module) in enumerate(self.attention_modules(model)):
             if index not in layers:
                 continue
             module.linearize_map = layer_feature_map(module, index, method, options, module.head_dim,
-                                                     module.num_heads)
+                                                     module.num_heads, hybrid)
             module.__class__ = linearized_class(type(module))
         model.__class__ = _linearized_model_class(type(model))
 
@@ -111,7 +111,7 @@ class TimmBackend:
             raise LinearizeError(f"{directory} is not a saved timm model (config.json has no 'timm_model')")
         check_weights(directory)
         model = timm.create_model(data["timm_model"], pretrained=False, **data.get("timm_kwargs", {}))
-        self.attach(model, record.method, set(record.layers), record.options)
+        self.attach(model, record.method, set(record.layers), record.options, record.hybrid)
         self.store_record(model, record)
         result = model.load_state_dict(load_file(str(Path(directory) / WEIGHTS)), strict=False)
         check_loading_info(directory, {"missing_keys": result.missing_keys, "unexpected_keys": result.unexpected_keys})
