@@ -211,9 +211,10 @@ class HybridConfig(Config):
     rest, in one normalisation (``linearize.attention.hybrid``)."""
 
     window: int = setting(
-        0, "Radius R in tokens of the exact-softmax window around each query (|i - j| <= R); the other keys get "
-           "linear attention. 0 = no window (with --sinks none: pure linear attention). Inputs of at most R + 1 "
-           "tokens run exact softmax.")
+        0, "Window R in tokens: exact softmax over the keys of each query's block of R tokens and the two "
+           "neighbouring blocks (every key within R positions, none 2R or more away; BigBird's blocked window); "
+           "the other keys get linear attention. 0 = no window (with --sinks none: pure linear attention). Inputs "
+           "of at most 2R tokens run exact softmax.")
     sinks: str = setting(
         "none", "Tokens kept exact (softmax) for every query, beside the window: none, first, last or first,last "
                 "(each sequence's first and last real token: BERT's [CLS] and [SEP]).")

@@ -96,8 +96,9 @@ def well_conditioned(fm, q, k, mask):
 
 
 def exact_set_by_hand(mask, n, radius, sinks):
-    """[B, 1, n, n] bool, E_i built from the docstring's definition with plain Python loops (radius 0: no
-    window, the sinks only)."""
+    """[B, 1, n, n] bool, E_i built from the docstring's definition with plain Python loops: the query's
+    block of `radius` tokens and the two neighbouring blocks (BigBird's blocked window), and the sinks
+    (radius 0: no window, the sinks only)."""
     batch = 1 if mask is None else mask.shape[0]
     mask = torch.ones(batch, n) if mask is None else mask
     exact = torch.zeros(batch, 1, n, n, dtype=torch.bool)
@@ -110,8 +111,19 @@ def exact_set_by_hand(mask, n, radius, sinks):
             marked.add(real[-1])
         for i in range(n):
             for j in real:
-                exact[b, 0, i, j] = (radius > 0 and abs(i - j) <= radius) or j in marked
+                exact[b, 0, i, j] = (radius > 0 and abs(i // radius - j // radius) <= 1) or j in marked
     return exact
+
+
+def test_the_blocked_window_holds_the_band_and_no_key_farther_than_two_blocks():
+    """Every key within R positions is exact, none 2R or more away (module docstring)."""
+    from linearize.attention.hybrid import exact_set
+
+    for radius in (1, 3, 8):
+        n = 40
+        inside = exact_set(torch.arange(n), n, radius, (), torch.ones(1, n))[0, 0]
+        distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()
+        assert inside[distance <= radius].all() and not inside[distance >= 2 * radius].any()
 
 
 # ---- 1. the blocked fast path equals the naive reference, for every method --------------------------------
@@ -321,7 +333,7 @@ def test_gradients_of_the_fast_path_equal_the_references(name):
     params = [p for p in fm.parameters() if p.requires_grad]
     assert params
     for radius, sinks, kind in [(1, ("first", "last"), "right"), (5, ("first",), "left"), (5, (), "none"),
-                                (20, ("last",), "right"), (0, ("first", "last"), "left")]:
+                                (15, ("last",), "right"), (0, ("first", "last"), "left")]:
         q, k, v = (t.requires_grad_(True) for t in qkv(seed=9))
         gamma = torch.tensor([0.7, 1.3], requires_grad=True)
         mask = padding(kind)
@@ -429,15 +441,13 @@ def test_converted_bert_records_the_settings_and_returns_hybrid_rows():
 def test_an_input_within_the_window_gives_the_softmax_models_output():
     reference = build("bert")
     model = hybrid_bert(window=4)
-    for seq, pad in [(5, 2), (5, 0), (3, 1), (1, 0)]:
+    for seq, pad in [(8, 2), (8, 0), (5, 0), (3, 1), (1, 0)]:  # at most 2R tokens: every window covers them
         batch = inputs("bert", seq=seq, pad=pad, seed=seq)
         with torch.no_grad():
             torch.testing.assert_close(model(**batch).logits, reference(**batch).logits, atol=1e-5, rtol=1e-5)
-    # 6 tokens: the window misses only the pair (0, 5), and both are sinks: still every key is exact
-    batch = inputs("bert", seq=6, pad=0)
-    with torch.no_grad():
-        torch.testing.assert_close(model(**batch).logits, reference(**batch).logits, atol=1e-5, rtol=1e-5)
-    batch = inputs("bert", seq=8, pad=0)  # keys 5 and 6 are outside query 0's exact set: linear part
+    # 12 tokens, blocks 0-3, 4-7, 8-11: blocks 0 and 2 are out of each other's windows, and only the first
+    # and last tokens are sinks, so queries 0-3 see keys 9 and 10 through the linear part
+    batch = inputs("bert", seq=12, pad=0)
     with torch.no_grad():
         assert not torch.allclose(model(**batch).logits, reference(**batch).logits, atol=1e-5)
 
