@@ -219,7 +219,8 @@ class HybridConfig(Config):
         "none", "Tokens kept exact (softmax) for every query, beside the window: none, first, last or first,last "
                 "(each sequence's first and last real token: BERT's [CLS] and [SEP]).")
     gamma: float = setting(
-        1.0, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2).")
+        0.1, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2); 0.1: "
+             "the best start for Hedgehog with a window and a sink before training (docs/experiments/hybrid).")
 
 
 @dataclass

@@ -51,7 +51,7 @@ NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0},
                 "data": {"similarity_file": None, "group_by_length": False, "regression": False},
                 "teacher": {"attention_dropout": None},
                 "eval": {"latency_max_length": 8192},
-                "hybrid": {"window": 0, "sinks": "none", "gamma": 1.0}}
+                "hybrid": {"window": 0, "sinks": "none", "gamma": 0.1}}
 
 
 def _with_new_keys(old):

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from typer.testing import CliRunner
 
 import linearize
+from linearize.config import HybridConfig
 from linearize.attention import create_feature_map
 from linearize.attention import hybrid
 from linearize.attention.core import kernel_matrix, softmax_attention_weights
@@ -385,7 +386,8 @@ def test_make_hybrid_settings_and_errors():
     assert sinks_only.is_hybrid and sinks_only.window == 0 and sinks_only.sinks == ("first",)
     assert sinks_only.hybrid_log_gamma.shape == (H,)
     assert not plain.is_hybrid
-    torch.testing.assert_close(sinks_only.attend(q, k, v)[0], hybrid_attention(q, k, v, sinks_only, 0, ("first",)))
+    torch.testing.assert_close(sinks_only.attend(q, k, v)[0],
+                               hybrid_attention(q, k, v, sinks_only, 0, ("first",), sinks_only.hybrid_gamma()))
     for window, sinks in ((4, ()), (0, "first"), (4, "first,last")):
         with pytest.raises(OptionError, match="softmax is exact already"):
             make("softmax").make_hybrid(window, sinks)
@@ -492,7 +494,7 @@ def test_sinks_without_a_window():
     model = hybrid_bert(window=0, sinks="first,last")
     record = conversion_record(model)
     assert (record.window, record.sinks) == (0, ("first", "last"))
-    assert record.hybrid == {"window": 0, "sinks": ("first", "last"), "gamma": 1.0}
+    assert record.hybrid == {"window": 0, "sinks": ("first", "last"), "gamma": 0.1}
     assert all(fm.is_hybrid and fm.window == 0 for fm in feature_maps_of(model).values())
     batch = inputs("bert", seq=12, pad=3)
     with torch.no_grad():
@@ -542,7 +544,7 @@ def test_save_pretrained_and_linearize_load_keep_the_hybrid_layers(tmp_path, win
     assert (data["window"], data["sinks"]) == (window, list(sinks))
     loaded = linearize.load(tmp_path / "model")
     record = conversion_record(loaded)
-    assert (record.window, record.sinks, record.gamma) == (window, sinks, 1.0)
+    assert (record.window, record.sinks, record.gamma) == (window, sinks, HybridConfig().gamma)
     for index, fm in feature_maps_of(loaded).items():
         assert fm.window == window and fm.sinks == sinks
         torch.testing.assert_close(fm.hybrid_log_gamma.detach(), trained[index])
@@ -809,7 +811,7 @@ def test_recipe_hybrid_section_reaches_the_conversion_checks():
                                                                 "hybrid.gamma=0.5"]))
     assert config.hybrid.to_dict() == {"window": 32, "sinks": "first,last", "gamma": 0.5}
     check_convertible(build("bert"), "hedgehog", **config.hybrid.to_dict())
-    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": 1.0}
+    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": 0.1}
     for pair in ("hybrid.sinks=middle", "hybrid.window=-1", "hybrid.gamma=0"):
         with pytest.raises(LinearizeError, match=pair.split(".")[1].split("=")[0]):
             load_recipe(None, quick=True, overrides=parse_set([pair]))

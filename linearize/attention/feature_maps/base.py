@@ -243,7 +243,7 @@ class FeatureMap(nn.Module):
         :attr:`writes_out`."""
         return self(x, mask=mask[:, start:start + x.shape[2]], **out)
 
-    def make_hybrid(self, window, sinks=(), gamma=1.0):
+    def make_hybrid(self, window, sinks=(), gamma=0.1):
         """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys
         within ``window`` positions and the ``sinks``, linear attention over the others, mixed by a
         learned ``γ`` per head that starts at ``gamma`` (stored as ``hybrid_log_gamma``). ``window`` 0
