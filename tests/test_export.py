@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 import linearize
 from linearize.cli import app
 from linearize.errors import LinearizeError
-from linearize.export import TRACE_LENGTH, FirstOutput, example_inputs, export, export_model
+from linearize.export import FirstOutput, example_inputs, export, export_model
 from test_feature_maps import CASE_IDS, METHOD_CASES
-from tiny_models import SMALL, VOCAB, build, inputs
+from tiny_models import SMALL, VOCAB, assert_onnx_matches_pytorch, build, inputs
 
 runner = CliRunner()
 #: the first case of each method runs by default; the option variants are marked slow (~6 s per export)
@@ -48,17 +48,7 @@ def test_onnx_matches_pytorch_at_other_lengths_with_padding(name, opts, tmp_path
     model = converted_bert(name, opts)
     result = export_model(model, tmp_path / "model.onnx", check=False)
     assert result["inputs"] == ["input_ids", "attention_mask", "token_type_ids"] and result["output"] == "logits"
-    session = onnx_session(result["path"])
-    wrapper = FirstOutput(model, result["inputs"])
-    for batch, length, pad in [(3, 5, 2), (2, 41, 17), (1, 9, 0)]:
-        assert length != TRACE_LENGTH
-        feed = inputs("bert", batch=batch, seq=length, pad=pad, seed=length)
-        feed["token_type_ids"] = torch.zeros_like(feed["input_ids"])
-        with torch.no_grad():
-            expected = wrapper(*feed.values())
-        got = session.run(None, {key: value.numpy() for key, value in feed.items()})[0]
-        assert got.shape == tuple(expected.shape)
-        assert abs(got - expected.numpy()).max() <= 1e-4, (batch, length)
+    assert_onnx_matches_pytorch(model, result, [(3, 5, 2), (2, 41, 17), (1, 9, 0)])
 
 
 @pytest.mark.parametrize("name,opts", METHOD_CASES, ids=CASE_IDS)

@@ -28,7 +28,7 @@ from linearize.convert import conversion_record, feature_maps_of, is_converted
 from linearize.distill import DistillConfig, attention_cross_entropy, blockwise_distillation_terms, distill
 from linearize.errors import LinearizeError, OptionError
 from test_feature_maps import CASE_IDS, METHOD_CASES
-from tiny_models import SMALL, VOCAB, WITHOUT_LINEARIZE, build, inputs
+from tiny_models import SMALL, VOCAB, WITHOUT_LINEARIZE, assert_onnx_matches_pytorch, build, inputs
 
 try:  # what onnxruntime raises for an input the exported graph does not take
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OnnxInvalidArgument
@@ -741,21 +741,12 @@ def test_fullgraph_compile_of_a_converted_bert_matches_eager(fresh_dynamo):
 
 def test_onnx_export_of_a_converted_bert_matches_pytorch(tmp_path):
     pytest.importorskip("onnxscript")
-    onnxruntime = pytest.importorskip("onnxruntime")
-    from linearize.export import TRACE_LENGTH, FirstOutput, export_model
+    pytest.importorskip("onnxruntime")
+    from linearize.export import export_model
 
     model = one_layer_hybrid_bert()
     result = export_model(model, tmp_path / "model.onnx", check=False)
-    session = onnxruntime.InferenceSession(str(result["path"]), providers=["CPUExecutionProvider"])
-    wrapper = FirstOutput(model, result["inputs"])
-    for batch_size, length, pad in [(3, 9, 2), (2, 41, 17), (1, 23, 0)]:
-        assert length != TRACE_LENGTH
-        feed = inputs("bert", batch=batch_size, seq=length, pad=pad, seed=length)
-        feed["token_type_ids"] = torch.zeros_like(feed["input_ids"])
-        with torch.no_grad():
-            expected = wrapper(*feed.values())
-        got = session.run(None, {key: value.numpy() for key, value in feed.items()})[0]
-        assert abs(got - expected.numpy()).max() <= 1e-4, (batch_size, length)
+    assert_onnx_matches_pytorch(model, result, [(3, 9, 2), (2, 41, 17), (1, 23, 0)])
 
 
 # ---- 9. the command line -------------------------------------------------------------------------------------

@@ -85,3 +85,24 @@ class BlockLinearize:
 sys.meta_path.insert(0, BlockLinearize())
 import torch, transformers
 '''
+
+
+def assert_onnx_matches_pytorch(model, result, cases, tolerance=1e-4):
+    """The ONNX graph ``linearize.export.export_model`` wrote (``result``) gives ``model``'s first output
+    on BERT inputs of other shapes than the trace's: ``cases`` are ``(batch, length, padded tokens)``."""
+    import pytest
+
+    from linearize.export import TRACE_LENGTH, FirstOutput
+
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(str(result["path"]), providers=["CPUExecutionProvider"])
+    wrapper = FirstOutput(model, result["inputs"])
+    for batch, length, pad in cases:
+        assert length != TRACE_LENGTH
+        feed = inputs("bert", batch=batch, seq=length, pad=pad, seed=length)
+        feed["token_type_ids"] = torch.zeros_like(feed["input_ids"])
+        with torch.no_grad():
+            expected = wrapper(*feed.values())
+        got = session.run(None, {key: value.numpy() for key, value in feed.items()})[0]
+        assert got.shape == tuple(expected.shape)
+        assert abs(got - expected.numpy()).max() <= tolerance, (batch, length)

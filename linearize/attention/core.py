@@ -456,6 +456,14 @@ def quadratic_attention(q, k, v, feature_map, key_padding_mask=None, scale=None,
     return cast_finite(weights @ v.float(), v.dtype)
 
 
+def softmax_attention(q, k, v, key_padding_mask=None, scale=None, dropout=0.0):
+    """Exact softmax attention over the real keys with PyTorch's ``scaled_dot_product_attention``
+    (Vaswani et al. 2017, eq. 1); a sequence with no real key gets zeros, never NaN."""
+    mask = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout)
+    return out if mask is None else torch.nan_to_num(out, nan=0.0)
+
+
 def softmax_attention_weights(q, k, key_padding_mask=None, scale=None, attn_bias=None):
     """Softmax attention rows ``softmax(q·kᵀ·scale + mask)`` in float32 (the teacher's A).
 

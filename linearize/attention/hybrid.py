@@ -54,7 +54,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import DEFAULT_EPS, cast_finite, feature_maps, guard_denominator, is_tracing
+from .core import DEFAULT_EPS, cast_finite, feature_maps, guard_denominator, is_tracing, softmax_attention
 
 #: the sink positions a hybrid layer can keep exact: each sequence's first and last real token
 SINK_NAMES = ("first", "last")
@@ -129,9 +129,7 @@ def hybrid_rows(scores, kappa, exact, gamma, key_mask, eps=DEFAULT_EPS):
     values ``kappa [B,H,b,N]`` (0 on padded keys), ``exact [B,1,b,N]`` (:func:`exact_set`), ``gamma [H]``
     and the real keys ``key_mask [B,N]`` (float): rows that sum to one over the real keys."""
     masked = scores.masked_fill(~exact, float("-inf"))
-    top = masked.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row without exact keys
-    soft = torch.exp(masked - top)  # 0 outside the exact set
+    soft = torch.exp(masked - _finite(masked.amax(dim=-1, keepdim=True)))  # 0 outside the exact set
     linear = (kappa * gamma.to(kappa.dtype)[None, :, None, None]).masked_fill(exact, 0.0)
     n_real = key_mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]
     weights = soft + linear + (eps / n_real) * key_mask[:, None, None, :]
@@ -172,14 +170,6 @@ def hybrid_quadratic_attention(q, k, v, feature_map, radius, sinks=(), gamma=Non
     return cast_finite(weights @ v.float(), v.dtype)
 
 
-def exact_softmax(q, k, v, key_padding_mask=None, scale=None, dropout=0.0):
-    """Softmax attention over the real keys (SDPA; a sequence with no real key gets zeros): the hybrid
-    layer where every window covers the whole sequence."""
-    mask = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout)
-    return out if mask is None else torch.nan_to_num(out, nan=0.0)
-
-
 def hybrid_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_padding_mask=None, scale=None,
                      eps=DEFAULT_EPS):
     """Hybrid attention (module docstring) in O(N·(3R + D)·d): returns a tensor shaped and typed like ``v``.
@@ -192,7 +182,7 @@ def hybrid_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_pad
     sinks, radius = parse_sinks(sinks), int(radius)
     batch, heads, seq, _ = q.shape
     if not is_tracing() and 0 < radius and seq <= 2 * radius:  # traced: one graph for every length
-        return exact_softmax(q, k, v, key_padding_mask, scale)
+        return softmax_attention(q, k, v, key_padding_mask, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     gamma = (torch.ones(heads, device=q.device) if gamma is None else gamma.float()).reshape(1, heads, 1, 1)
     if radius:  # whole blocks: padded tokens are keys of no query, and their rows are cut off the output

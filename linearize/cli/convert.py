@@ -76,8 +76,8 @@ def convert_command(
     Longer inputs: linearize convert minilm --method hedgehog --max-length 4096 --out runs/minilm-hh-4k
     Larger images: linearize convert vit-base --method hedgehog --image-size 384 --out runs/vit-hh-384
     ModernBERT's local layers too: linearize convert MODEL --method hedgehog --convert-sliding-window --out DIR
-    Hybrid (exact softmax within 32 tokens and on [CLS]/[SEP]): linearize convert minilm --method hedgehog
-    --window 32 --sinks first,last --out runs/minilm-hh-w32
+    Hybrid (exact softmax over blocks of 32 tokens and their neighbours, and on [CLS]): linearize convert minilm
+    --method hedgehog --window 32 --sinks first --out runs/minilm-hh-w32
     """
     from ..convert.loading import check_source
 

@@ -57,7 +57,8 @@ def distill_command(
         from ..pipeline import distill_model
 
         result = distill_model(model, task, out, method=method, options=options, layers=layers, hybrid=hybrid,
-                               config=config, data=data, overwrite=overwrite, resume=resume, keep_work=keep_work, log=console.print)
+                               config=config, data=data, overwrite=overwrite, resume=resume, keep_work=keep_work,
+                               log=console.print)
     from rich.table import Table
 
     table = Table(title="attention distance to the teacher per layer (dev split)")

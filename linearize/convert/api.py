@@ -174,8 +174,8 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     ``image_size`` (``config.PositionsConfig``): make a vision model take S×S images, its position
     grid interpolated as in the ViT paper, §3.2 (``convert.resolution``).
     ``window`` / ``sinks`` / ``gamma`` (``config.HybridConfig``; None: its defaults): hybrid attention,
-    exact softmax over the keys within ``window`` positions and the ``sinks`` (``"first,last"``), linear
-    attention over the rest, mixed by a learned γ per head starting at ``gamma``
+    exact softmax over the keys of each query's block of ``window`` tokens and the two neighbouring blocks
+    and over the ``sinks`` (``"first,last"``), linear attention over the rest, mixed by a learned γ per head starting at ``gamma``
     (``linearize.attention.hybrid``); the converted global layers become hybrid, sliding-window layers never.
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers (their size is checked
@@ -190,7 +190,7 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
         convert_sliding_window = SlidingWindowConfig().convert_sliding_window
     sliding = backend.sliding_window_layers(model)
     chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
-    hybrid = hybrid_settings(window, sinks, gamma)
+    hybrid = hybrid_settings(window, sinks, gamma, method)
     if hybrid and set(chosen) & set(sliding):
         raise LinearizeError(f"--window/--sinks make global layers hybrid; layers {sorted(set(chosen) & set(sliding))} "
                              "attend through a sliding window already: convert without --convert-sliding-window, or "

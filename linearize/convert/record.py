@@ -7,8 +7,8 @@ configs::
 
     {"_type": "ConversionRecord", "_version": 3, "_data": {"method": ..., "layers": [...], ...}}
 
-Older blocks still read: version 3 (no hybrid attention: ``window`` 0), version 2 (``{"_type": "LinearizeConfig", "_version": 2, "_data": {...}}``)
-and version 1 (the unversioned dict with ``format_version: 1``). A block of another type or of a
+Older blocks still read: version 3 (no hybrid attention: ``window`` 0), version 2
+(``{"_type": "LinearizeConfig", "_version": 2, "_data": {...}}``) and version 1 (the unversioned dict with ``format_version: 1``). A block of another type or of a
 newer version is refused with what to do. This module imports only the standard library and
 linearize's error class, so a saved model's self-contained remote code bundles it
 (``hf_remote_code.bundled_sources``) and reads the block without linearize.
@@ -40,9 +40,9 @@ class ConversionRecord:
     ``revert`` restores; ``sentence_transformers_files``: ``{relative path: JSON content}`` of a
     sentence-transformers source, written back on every save; ``parameters_base`` /
     ``parameters_added``: the pretrained and the feature maps' parameter counts; ``window`` / ``sinks`` /
-    ``gamma``: hybrid attention (``linearize.attention.hybrid``: the exact window's radius, 0 for none, the
-    sink tokens, both none for pure linear attention, and γ's initial value; the layers in ``sliding_window_layers`` are never
-    hybrid); ``max_length`` /
+    ``gamma``: hybrid attention (``linearize.attention.hybrid``: the exact window's block size, 0 for none,
+    the sink tokens, both none for pure linear attention, and γ's initial value; the layers in
+    ``sliding_window_layers`` are never hybrid); ``max_length`` /
     ``position_init``: the extended position table, if any; ``image_size``: the image size the model
     was converted for, if any; ``linearize_version``: the linearize that converted it.
     """

@@ -220,8 +220,8 @@ class FeatureMap(nn.Module):
     in_default_comparison: bool = False
     #: its place in ``linearize.methods()`` (ties by name): a new method comes after the others
     order: int = 100
-    #: hybrid attention (:meth:`make_hybrid`): the exact window's radius R (0: pure linear attention)
-    #: and the sink tokens kept exact beside it
+    #: hybrid attention (:meth:`make_hybrid`): the exact window's block size R (0: no window) and the
+    #: sink tokens kept exact beside it; neither: pure linear attention
     window: int = 0
     sinks: tuple = ()
 
@@ -244,8 +244,9 @@ class FeatureMap(nn.Module):
         return self(x, mask=mask[:, start:start + x.shape[2]], **out)
 
     def make_hybrid(self, window, sinks=(), gamma=0.1):
-        """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys
-        within ``window`` positions and the ``sinks``, linear attention over the others, mixed by a
+        """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys of
+        each query's block of ``window`` tokens and the two neighbouring blocks and over the ``sinks``,
+        linear attention over the others, mixed by a
         learned ``γ`` per head that starts at ``gamma`` (stored as ``hybrid_log_gamma``). ``window`` 0
         is no window (the sinks alone are exact); with no sinks either the layer stays pure linear
         attention."""

@@ -7,10 +7,7 @@ conversion test and the teacher path of stage-1 distillation. Computed with PyTo
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-from ..core import softmax_attention_weights
+from ..core import softmax_attention, softmax_attention_weights
 from .base import FeatureMap, register_feature_map
 
 
@@ -28,11 +25,6 @@ class SoftmaxAttention(FeatureMap):
         raise TypeError("softmax attention has no finite feature map; call attend()")
 
     def attend(self, q, k, v, key_padding_mask=None, scale=None, output_attentions=False, dropout=0.0):
-        mask = None
-        if key_padding_mask is not None:
-            mask = key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout)
-        if mask is not None:
-            out = torch.nan_to_num(out, nan=0.0)  # a sequence with no real key
+        out = softmax_attention(q, k, v, key_padding_mask, scale, dropout)
         weights = softmax_attention_weights(q, k, key_padding_mask, scale) if output_attentions else None
         return out, weights
