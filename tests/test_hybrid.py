@@ -133,9 +133,22 @@ def test_the_method_matrix_covers_every_registered_method():
     assert {name for name, _ in METHOD_CASES} == set(linearize.methods()) - {"softmax"}
 
 
+def one_shot(fm, monkeypatch):
+    """``fm`` made to take the one-shot fast path (training's and the traced graph's) also without autograd:
+    the chunked inference path only serves chunkable maps."""
+    monkeypatch.setattr(fm, "chunkable", False)
+    return fm
+
+
+@pytest.mark.parametrize("path", ["one-shot", "chunked"])
 @pytest.mark.parametrize("name,opts", METHOD_CASES, ids=CASE_IDS)
-def test_fast_path_equals_the_quadratic_reference_for_every_method(name, opts):
+def test_fast_path_equals_the_quadratic_reference_for_every_method(name, opts, path, monkeypatch):
     fm = make(name, opts)
+    if path == "chunked" and not fm.chunkable:
+        pytest.skip(f"{name} is not chunkable: inference takes the one-shot path")
+    if path == "one-shot":
+        one_shot(fm, monkeypatch)
+    calls = count_chunked_calls(monkeypatch)
     q, k, v = qkv()
     # 0: no window (the sinks alone, or no exact key); 1, 5: several blocks of 16 rows; N − 1, N + 3: every
     # window covers the whole sequence
@@ -154,13 +167,68 @@ def test_fast_path_equals_the_quadratic_reference_for_every_method(name, opts):
                     rows = rows & well_conditioned(fm, q, k, mask)
                 error = relative_error(out, ref, rows)
                 assert error <= 1e-4, (radius, sinks, kind, error)
+    assert calls == ([] if path == "one-shot" else [1] * 2 * len(SINK_CASES) * 3)  # R = 1 and 5: blocks
+
+
+def count_chunked_calls(monkeypatch):
+    """A list that gains an item for every call of the chunked inference path."""
+    calls = []
+    chunked = hybrid.chunked_hybrid_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return chunked(*args, **kwargs)
+
+    monkeypatch.setattr(hybrid, "chunked_hybrid_attention", counted)
+    return calls
+
+
+CHUNKABLE = [(name, opts) for name, opts in METHOD_CASES if make(name, opts).chunkable]
+
+
+@pytest.mark.parametrize("name,opts", CHUNKABLE, ids=[f"{name}{opts or ''}" for name, opts in CHUNKABLE])
+def test_chunked_path_over_several_chunks_equals_the_reference(name, opts):
+    """The inference path in chunks of whole blocks (``hybrid_chunked``): chunk boundaries inside the
+    sequence, a last chunk with a partial block, sinks in any chunk, padding on either side; keys that grow
+    along the sequence, so a log-scaled map's running max rises from chunk to chunk (the sums so far are
+    rescaled); lengths in decreasing order, so the reused buffers are larger than a call needs."""
+    fm = make(name, opts)
+    gamma = torch.tensor([0.5, 2.0])
+    for n, radius, chunk in [(70, 4, 8), (70, 7, 21), (45, 5, 5), (30, 4, 100)]:
+        q, k, v = qkv(n=n, seed=21)
+        k = k * torch.linspace(0.5, 2.0, n)[:, None]  # later keys larger
+        for sinks in SINK_CASES:
+            for kind in ("none", "right", "left"):
+                mask = padding(kind, n=n)
+                found = sink_positions(mask, B, n, sinks, "cpu") if sinks else None
+                with torch.no_grad():
+                    out = hybrid.chunked_hybrid_attention(q, k, v, fm, radius, found, gamma, mask, None, 1e-6, chunk)
+                    ref = hybrid_quadratic_attention(q, k, v, fm, radius, sinks, gamma, mask)
+                assert out.shape == v.shape and torch.isfinite(out).all()
+                error = relative_error(out, ref, real_rows(mask, n=n))
+                assert error <= 1e-4, (n, radius, chunk, sinks, kind, error)
+
+
+def test_inference_takes_the_chunked_path_and_training_the_one_shot_one(monkeypatch):
+    """Without autograd a chunkable map runs chunk by chunk; where a gradient is wanted (the map's
+    parameters or the inputs need one) the one-shot path runs, and their outputs agree."""
+    fm = make("hedgehog")
+    calls = count_chunked_calls(monkeypatch)
+    q, k, v = qkv(seed=22)
+    with torch.inference_mode():
+        inference = hybrid_attention(q, k, v, fm, 5, ("first",), None, padding("right"))
+    assert calls == [1]
+    trained = hybrid_attention(q, k, v, fm, 5, ("first",), None, padding("right"))
+    assert calls == [1] and trained.requires_grad
+    rows = real_rows(padding("right"))
+    assert relative_error(inference, trained.detach(), rows) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["hedgehog", "luna", "performer", "cosformer"])
 def test_fast_path_with_blocks_wider_than_16_and_several_groups(name, monkeypatch):
-    """R = 20: blocks of 20 rows (the window reaches into both neighbouring blocks); GROUP_ROWS 40: groups
-    of two blocks, so a 70-token sequence runs in two groups (the second one short)."""
-    fm = make(name)
+    """The one-shot path with R = 20: blocks of 20 rows (the window reaches into both neighbouring blocks);
+    GROUP_ROWS 40: groups of two blocks, so a 70-token sequence runs in two groups (the second one short)."""
+    fm = one_shot(make(name), monkeypatch)
     n = 70
     q, k, v = qkv(n=n, seed=3)
     gamma = torch.tensor([0.5, 2.0])

@@ -111,7 +111,7 @@ def _attention_input_problem(q, k, v, key_padding_mask, feature_map):
             "batch and head count, k and v of one length, q and k of one head dim")
 
 
-def _key_mask(key_padding_mask, batch, seq, device):
+def real_key_mask(key_padding_mask, batch, seq, device):
     """``[batch, seq]`` float32 mask of real keys (all ones when no mask is given)."""
     if key_padding_mask is None:
         return torch.ones(batch, seq, device=device, dtype=torch.float32)
@@ -154,7 +154,7 @@ def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
     root = scale**0.5
     batch, _, seq_k, _ = k.shape
     padded = key_padding_mask is not None
-    mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
+    mask = real_key_mask(key_padding_mask, batch, seq_k, k.device)
     query_mask = mask if q.shape[2] == seq_k else None
     phi_q, _ = feature_map(q.float() * root, mask=query_mask)  # per-query log-scale cancels
     phi_k, log_k = feature_map(k.float() * root, mask=mask)
@@ -194,9 +194,9 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     Inputs that do not fit together are a ``ValueError`` (:func:`check_attention_inputs`).
     """
     check_attention_inputs(q, k, v, key_padding_mask, feature_map)
-    if getattr(feature_map, "chunkable", False) and not is_tracing() and not _grad_needed(feature_map, q, k, v):
+    if getattr(feature_map, "chunkable", False) and not is_tracing() and not grad_needed(feature_map, q, k, v):
         batch, heads = k.shape[:2]
-        chunk = _chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
+        chunk = chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
         if k.shape[2] > 0:  # any length: this path's only new full-size tensor is the output
             return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
@@ -272,7 +272,7 @@ def release_scratch():
     _SCRATCH.__dict__.pop("buffers", None)
 
 
-def _grad_needed(feature_map, *tensors):
+def grad_needed(feature_map, *tensors):
     """True if autograd could want a gradient from this call (then no chunking: training keeps the
     one-shot graph)."""
     if not torch.is_grad_enabled():
@@ -280,7 +280,7 @@ def _grad_needed(feature_map, *tensors):
     return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in feature_map.parameters())
 
 
-def _chunk_tokens(rows, feature_dim, chunk_size):
+def chunk_tokens(rows, feature_dim, chunk_size):
     if chunk_size is not None:
         return max(1, int(chunk_size))
     tokens = CHUNK_ELEMENTS // max(1, rows * int(feature_dim))
@@ -303,7 +303,7 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     batch, heads, seq_k, _ = k.shape
     seq_q = q.shape[2]
     padded = key_padding_mask is not None
-    mask = _key_mask(key_padding_mask, batch, seq_k, k.device)
+    mask = real_key_mask(key_padding_mask, batch, seq_k, k.device)
     state, key_sum, real_v, n_real = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
     bias = real_v.mul_(eps / n_real.clamp_min(1.0))  # ε/n·Σv, the numerator's guard term
     out = torch.empty(batch, seq_q, heads, v.shape[-1], dtype=v.dtype, device=v.device)
@@ -311,12 +311,12 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
     for start in range(0, seq_q, chunk):
         stop = min(start + chunk, seq_q)
-        phi, _ = _chunk_features(feature_map, q, query_mask, start, stop, root)
+        phi, _ = features_of_chunk(feature_map, q, query_mask, start, stop, root)
         _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out[:, start:stop].permute(2, 0, 1, 3))
     return out.transpose(1, 2)
 
 
-def _chunk_features(feature_map, x, mask, start, stop, root):
+def features_of_chunk(feature_map, x, mask, start, stop, root):
     """``(φ rows [H*B, c, D], log-scale [B, H, c, 1] or None)`` of the tokens ``start:stop`` of
     ``x [B, H, N, d]`` (times √scale), in :func:`scratch` buffers (head-major). A map that
     ``writes_out`` writes its features into the buffer itself; another map's are copied there."""
@@ -349,7 +349,7 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
 
     Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
     running max; when a chunk raises it, the sums so far are multiplied by
-    ``exp(old max − new max)`` (:func:`_log_scaled_chunk`), so every key ends up scaled by
+    ``exp(old max − new max)`` (:func:`log_scaled_chunk`), so every key ends up scaled by
     ``exp(s_j − max_j s_j)`` exactly as in the one-shot path.
     """
     batch, heads, seq_k, _ = k.shape
@@ -358,10 +358,10 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
     real_v = torch.zeros(rows, 1, dim_v, device=v.device)
     for start in range(0, seq_k, chunk):
         stop = min(start + chunk, seq_k)
-        phi, log = _chunk_features(feature_map, k, mask, start, stop, root)
+        phi, log = features_of_chunk(feature_map, k, mask, start, stop, root)
         by_head = phi.view(heads, batch, stop - start, -1)
         if log is not None:
-            top, rescale = _log_scaled_chunk(by_head.transpose(0, 1), log, mask[:, None, start:stop, None], top,
+            top, rescale = log_scaled_chunk(by_head.transpose(0, 1), log, mask[:, None, start:stop, None], top,
                                              padded)[1:]
             if rescale is not None:  # not the first chunk: the sums so far exist
                 state.mul_(rescale.transpose(0, 1).reshape(rows, 1, 1))
@@ -400,7 +400,7 @@ def _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out):
         out.copy_(cast_finite(num.div_(den), out.dtype))
 
 
-def _log_scaled_chunk(phi, log, keep, top, padded):
+def log_scaled_chunk(phi, log, keep, top, padded):
     """``(phi · exp(log − max), new running max, rescale)`` for one chunk of keys of a log-scaled
     map: ``max`` is the running max ``top`` over the real keys so far, this chunk included (``-inf``
     while no real key was seen; then no shift); ``rescale`` ``exp(old − new max)`` ``[B, H, 1, 1]``

@@ -40,7 +40,9 @@ attention KL at R = 32 (0.82) is lower than the band's (0.87).
 :func:`hybrid_attention` computes it block by block: every query block's scores against its three key
 blocks and the sinks outside them (all blocks in one batched product, in groups of blocks that bound
 the temporaries) and its linear part from its block state: O(N·(3R + D)·d), never an N×N tensor.
-:func:`hybrid_attention_weights` is the naive N×N reference it is tested against (and the rows
+Inference (no gradient wanted) with a chunkable map runs the same sums chunk by chunk in reused buffers
+(``hybrid_chunked``: what a user's forward takes), as ``core``'s linear attention does.
+:func:`hybrid_attention_weights` is the naive N×N reference both are tested against (and the rows
 ``output_attentions`` returns and stage 1 distils). Where every window covers the whole sequence
 (``N ≤ 2R``) the layer is exact softmax and runs as such (SDPA).
 
@@ -54,7 +56,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import DEFAULT_EPS, cast_finite, feature_maps, guard_denominator, is_tracing, softmax_attention
+from .core import (DEFAULT_EPS, cast_finite, feature_maps, grad_needed, guard_denominator, is_tracing,
+                   softmax_attention)
+from .hybrid_chunked import chunked_hybrid_attention
 
 #: the sink positions a hybrid layer can keep exact: each sequence's first and last real token
 SINK_NAMES = ("first", "last")
@@ -174,7 +178,9 @@ def hybrid_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_pad
                      eps=DEFAULT_EPS):
     """Hybrid attention (module docstring) in O(N·(3R + D)·d): returns a tensor shaped and typed like ``v``.
 
-    Features, block sums and the global sums are formed once (:func:`_block_sums`); then every group of
+    Without autograd, a chunkable map takes ``hybrid_chunked.chunked_hybrid_attention`` (inference: chunks of
+    whole blocks in reused buffers). Otherwise (training, a traced graph, a map that is not chunkable):
+    features, block sums and the global sums are formed once (:func:`_block_sums`); then every group of
     query blocks takes its exact part from its window's keys and the sinks outside it, and its linear
     part from its block state (:func:`_group_output`). Equal to :func:`hybrid_quadratic_attention` up
     to float rounding."""
@@ -183,6 +189,12 @@ def hybrid_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_pad
     batch, heads, seq, _ = q.shape
     if not is_tracing() and 0 < radius and seq <= 2 * radius:  # traced: one graph for every length
         return softmax_attention(q, k, v, key_padding_mask, scale)
+    inputs = (q, k, v) if gamma is None else (q, k, v, gamma)
+    chunked = getattr(feature_map, "chunkable", False) and not is_tracing() and not grad_needed(feature_map, *inputs)
+    if radius and chunked:  # inference
+        found = sink_positions(key_padding_mask, batch, seq, sinks, q.device) if sinks else None
+        gamma = torch.ones(heads, device=q.device) if gamma is None else gamma.detach()
+        return chunked_hybrid_attention(q, k, v, feature_map, radius, found, gamma, key_padding_mask, scale, eps)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     gamma = (torch.ones(heads, device=q.device) if gamma is None else gamma.float()).reshape(1, heads, 1, 1)
     if radius:  # whole blocks: padded tokens are keys of no query, and their rows are cut off the output

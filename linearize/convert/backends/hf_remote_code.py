@@ -28,6 +28,7 @@ from ... import field_types
 from ...attention import core
 from ...attention import feature_maps
 from ...attention import hybrid
+from ...attention import hybrid_chunked
 from ...attention import windowed
 from .. import record
 from ..heads import auto_mappings
@@ -83,7 +84,7 @@ def bundled_sources():
     """The attention core, hybrid attention, the feature maps, windowed attention and the transformers patch as one
     source text."""
     maps = [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES]
-    modules = [errors, field_types, record, core, hybrid, *maps, windowed, hf_attention]
+    modules = [errors, field_types, record, core, hybrid_chunked, hybrid, *maps, windowed, hf_attention]
     parts = []
     for module in modules:
         parts.append(f"# ---- {module.__name__} " + "-" * max(0, 80 - len(module.__name__)))
