@@ -17,7 +17,7 @@ from pathlib import Path
 from .attention import create_feature_map
 from .attention.feature_maps import default_comparison
 from .markdown import markdown_table
-from .outputs import atomic_write_json, atomic_write_text
+from .outputs import atomic_write_json, atomic_write_text, writes_output
 from .pipeline import run
 from .training import on_main_process
 
@@ -70,6 +70,7 @@ def shared_teacher(folder):
     return None
 
 
+@writes_output("out_dir")
 def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, settings=None,
             teachers_from=None, table_only=False, progress=True, log=print):
     """Run every (method, stage-1 variant, setting, seed); write ``compare.json`` and ``compare.md``.

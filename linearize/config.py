@@ -78,6 +78,8 @@ LIMITS = {
     "max_eval_examples": COUNT,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
+    "latency_lengths": (lambda value: all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value),
+                        "a list of lengths (each >= 1), or [] for none"),
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
     "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
     "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE, "window": NON_NEGATIVE, "gamma": POSITIVE,
@@ -337,6 +339,12 @@ class EvalConfig(Config):
         8192, "Longest input the latency measurement times: a longer data.max_length is timed at this many tokens "
               "(the softmax teacher is quadratic in the length: at 100,000 tokens one forward takes hours), and the "
               "run says so; the report gives the length timed.")
+    latency_lengths: list[int] = setting(
+        [2048, 4096], "Also time teacher and student at these lengths (text models, batch 1), where linear attention "
+                      "pays: the report and the model card give the speed-up at each. A model with fewer learned "
+                      "positions is timed on a copy with its table tiled to the length (as linearize bench long "
+                      "does); lengths up to the run's own, or beyond eval.latency_max_length, are left out. [] for "
+                      "none.")
     examples: int = setting(3, "Examples whose attention the report draws.")
 
 

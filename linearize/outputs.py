@@ -6,21 +6,29 @@ over it, :func:`replace_folder`). Their temporary names are ``.<name>.XXXXXXXX.p
 
 A command checks its outputs before any work (:func:`check_output_path`, :func:`check_output_file`:
 a path it cannot write is one line) and holds its output folder's lock while it writes it
-(:func:`locked_output`: a second writer is refused in one line naming the holder; the leftovers of
-a killed one are removed). A write that fails for want of space or permission is one line naming
-the path and the cause (:func:`write_error`), the previous output left as it was.
+(:func:`writing_output`, :func:`locked_output`: a second writer is refused in one line naming the
+holder; the leftovers of a killed one are removed); so does each library function that writes an
+output folder (:func:`writes_output`), called from Python or by a command. A write that fails for
+want of space or permission is one line naming the path and the cause (:func:`write_error`), the
+previous output left as it was.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import inspect
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+from .launcher import launched_processes
 
 #: the suffix of every temporary file and folder the writers here make (stale ones are recognised by it)
 TEMPORARY_SUFFIX = ".partial"
@@ -236,15 +244,37 @@ def check_writable(path, option="--out"):
     if path.is_dir():
         places.append(path)
     for place in places:
-        try:
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=place)
-        except OSError as error:
-            cause = WRITE_CAUSES.get(error.errno) or (error.strerror or str(error)).lower()
+        cause = _refusal(place, path.name)
+        if cause:
             raise LinearizeError(f"cannot write {option} {path}: {place} does not accept new files ({cause}); "
-                                 f"choose a folder you can write to") from None
-        os.close(fd)
-        Path(probe).unlink(missing_ok=True)  # a writer holding the lock may have cleared it as a leftover
+                                 f"choose a folder you can write to")
     return path
+
+
+def check_writable_inside(folder, name):
+    """``folder`` (``~`` expanded), an existing folder a command adds the file ``name`` to (as
+    ``linearize bench folder DIR`` its ``bench.json``), if this process can make a file in it
+    (:func:`check_writable`'s test); refused: one line saying what to do."""
+    from .errors import LinearizeError
+
+    folder = Path(folder).expanduser()
+    cause = _refusal(folder, name)
+    if cause:
+        raise LinearizeError(f"cannot write {folder / name}: {folder} does not accept new files ({cause}); make it "
+                             "writable, or work on a copy of the folder")
+    return folder
+
+
+def _refusal(place, name):
+    """Why the existing folder ``place`` refuses a new file, in the user's words, or None: a file
+    named after ``name`` (as the atomic writers name theirs) is made there and removed."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMPORARY_SUFFIX, dir=place)
+    except OSError as error:
+        return WRITE_CAUSES.get(error.errno) or (error.strerror or str(error)).lower()
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)  # a writer holding the lock may have cleared it as a leftover
+    return None
 
 
 def prepare_output_dir(path, overwrite=False):
@@ -359,6 +389,62 @@ def locked_output(path, *, option="--out", command=None, lock=True):
         holder_path.unlink(missing_ok=True)
         lock_path.unlink(missing_ok=True)  # while still held: the next writer locks a new file
         file_lock.release()
+
+
+#: the output folders (their lock files) this thread writes through :func:`writing_output`
+_WRITING = threading.local()
+
+
+def _writes_outputs():
+    """This process writes the outputs: always without a launcher, else only its main process."""
+    if launched_processes() == 1:  # read from the environment: no torch loaded for it
+        return True
+    from .training.accelerator import is_main_process
+
+    return is_main_process()
+
+
+@contextmanager
+def writing_output(path, option="--out", command=None):
+    """A writer's hold on its output folder ``path``, taken before any work: checked (a place it
+    cannot write is one line) and locked while it is written, so a second writer is refused in one
+    line naming the holder (:func:`locked_output`; ``command``: the holder's). Under a launcher the
+    main process, which writes the outputs, holds the lock. A call in a thread that holds ``path``
+    through here already goes on under that hold: a command takes it before torch loads, then calls
+    the library function that takes it too (:func:`writes_output`). Yields the checked path."""
+    held = getattr(_WRITING, "locks", frozenset())
+    lock_path = lock_file_of(path)
+    if lock_path in held:
+        yield Path(path).expanduser()
+        return
+    with locked_output(path, option=option, command=command, lock=_writes_outputs()) as checked:
+        _WRITING.locks = held | {lock_path}
+        try:
+            yield checked
+        finally:
+            _WRITING.locks = held
+
+
+def writes_output(parameter):
+    """Decorator of a library function that writes the output folder its argument ``parameter``
+    names: each call holds that folder (:func:`writing_output`) while it runs, so a second writer,
+    called from Python or run from the command line, is refused in one line naming this call. A
+    call without the folder (None) is left to the function."""
+    def decorate(function):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def writer(*args, **kwargs):
+            path = signature.bind_partial(*args, **kwargs).arguments.get(parameter)
+            if path is None:
+                return function(*args, **kwargs)
+            caller = " ".join(sys.argv) or "python"
+            with writing_output(path, command=f"{function.__name__}() called by {caller}"):
+                return function(*args, **kwargs)
+
+        return writer
+
+    return decorate
 
 
 def remove_stale_temporaries(path):

@@ -227,6 +227,18 @@ def test_run_with_a_huge_option_is_refused_before_the_teacher_trains(ws):
                     "luna's feature maps would take")
 
 
+def test_methods_with_a_huge_option_is_one_line_before_any_map_is_allocated(monkeypatch):
+    """`linearize methods -o projections=100000000` built every map of its table (24 GiB for one
+    LUNA layer of 12 heads of 64): the maps are sized on the meta device now, and refused as convert
+    refuses them. The machine says 1 GiB here, so 3,000,000 projections (0.7 GiB) pass half of it:
+    a table that built its maps would have allocated them and listed them."""
+    monkeypatch.setattr("linearize.machine.physical_memory", lambda: 2**30)
+    result = runner.invoke(app, ["methods", "-o", "projections=3000000"])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == ["error: luna's feature maps would take 0.7 GiB (1 layer), more than 50% of "
+                                          "this machine's 1.0 GiB of memory: lower projections (now 3,000,000)"]
+
+
 def test_convert_cli_with_a_huge_option_is_one_line(ws):
     _one_line_error("convert {ws}/tiny --out {ws}/outs/huge --method performer -o num_features=1000000000000", ws,
                     "performer's feature maps would take")

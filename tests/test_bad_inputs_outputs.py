@@ -4,8 +4,9 @@
   temporary siblings count as the user's path, and are never named).
 - A write that fails for want of space (``ulimit -f``: EFBIG, as a full disk) is one line naming
   the path and the cause; nothing is half-written, the old folder is kept, a re-run resumes.
-- An output folder is locked while a command writes it: a second writer is refused in one line
-  naming the holder; a killed holder's lock is taken over and its leftovers are removed.
+- An output folder is locked while a command or a library function (called from Python) writes it:
+  a second writer is refused in one line naming the holder; a killed holder's lock is taken over
+  and its leftovers are removed.
 - Ctrl-C ends a command with one line saying what a re-run does, exit 130.
 - Saved files follow the umask (``model.safetensors`` included); transformers' LOAD REPORT is
   plain text when stderr is not a terminal.
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -31,8 +33,8 @@ from linearize.cli import app, is_user_path_error
 from linearize.cli.common import user_path_message
 from linearize.convert.loading import PlainText, plain_transformers_logs
 from linearize.errors import LinearizeError
-from linearize.outputs import (atomic_dir, atomic_path, is_disk_full, lock_file_of, locked_output,
-                               remove_stale_temporaries, write_errno)
+from linearize.outputs import (atomic_dir, atomic_path, check_writable_inside, is_disk_full, lock_file_of,
+                               locked_output, remove_stale_temporaries, write_errno)
 from tiny_models import build, save_tiny_text_classifier
 
 runner = CliRunner()
@@ -166,6 +168,31 @@ def test_an_output_in_a_read_only_folder_is_one_line_naming_the_users_path(ws, t
         read_only.chmod(0o755)
 
 
+@pytest.mark.skipif(AS_ROOT, reason="root writes into a read-only folder: /proc stands for it below")
+def test_bench_folder_of_a_read_only_folder_is_one_line_before_the_bench(ws, monkeypatch):
+    """`bench folder DIR` writes DIR/bench.json after minutes of timing: a DIR that takes no new
+    file is one line before any of it."""
+    monkeypatch.setattr(importlib.import_module("linearize.bench"), "bench_folder",
+                        lambda *a, **k: pytest.fail("the bench ran"))
+    folder = ws / "converted"
+    folder.chmod(0o555)
+    try:
+        code, lines = invoke("bench", "folder", folder)
+    finally:
+        folder.chmod(0o755)
+    one_error(code, lines, f"cannot write {folder / 'bench.json'}: {folder} does not accept new files (permission "
+                           "denied); make it writable, or work on a copy of the folder")
+
+
+def test_a_folder_that_takes_no_new_file_is_one_line_naming_the_file():
+    """What `bench folder` checks first (above), where root meets it: /proc takes no new file."""
+    with pytest.raises(LinearizeError) as refused:
+        check_writable_inside(Path("/proc"), "bench.json")
+    message = str(refused.value)
+    assert message.startswith("cannot write /proc/bench.json: /proc does not accept new files (")
+    assert message.endswith("); make it writable, or work on a copy of the folder")
+
+
 @pytest.mark.parametrize("writer", ["file", "folder"])
 def test_the_atomic_writers_name_the_users_path_not_their_temporary(writer):
     target = Path("/proc/linearize-test-output")
@@ -285,6 +312,74 @@ def test_two_converts_into_one_new_out_at_once_one_succeeds_nothing_is_lost(ws, 
     assert LOCKED in message or "exists and is not empty; pass --overwrite" in message
     winner = "relu" if results[0][0] == 0 else "hedgehog"
     assert f'"method": "{winner}"' in (out / "config.json").read_text()
+    assert hidden(tmp_path) == []
+
+
+def library_writers():
+    """``{name: call(ws, out)}``: each library function that writes an output folder, writing ``out``
+    (the other arguments are never read when the folder is held: the lock comes first)."""
+    from linearize.bench import run_bench, run_long_bench
+    from linearize.compare import compare
+    from linearize.convert import convert_checkpoint
+    from linearize.pipeline import distill_model, finetune_model, run, run_teacher
+
+    return {
+        "convert_checkpoint": lambda ws, out: convert_checkpoint(str(ws / "tiny"), "relu", out),
+        "distill_model": lambda ws, out: distill_model(str(ws / "converted"), "files", out),
+        "finetune_model": lambda ws, out: finetune_model(str(ws / "converted"), "files", out),
+        "run": lambda ws, out: run(None, out),
+        "run_teacher": lambda ws, out: run_teacher(None, out),
+        "compare": lambda ws, out: compare(None, out),
+        "run_bench": lambda ws, out: run_bench(out),
+        "run_long_bench": lambda ws, out: run_long_bench(out),
+    }
+
+
+@pytest.mark.parametrize("writer", ["convert_checkpoint", "distill_model", "finetune_model", "run", "run_teacher",
+                                    "compare", "run_bench", "run_long_bench"])
+def test_a_library_writer_called_from_python_is_refused_a_held_folder(ws, tmp_path, writer):
+    """Only the command line took the lock: a script's ``convert_checkpoint(..., out)`` wrote over
+    a folder another writer held."""
+    out = tmp_path / "out"
+    with locked_output(out, command="linearize distill ... --seed 1"):
+        with pytest.raises(LinearizeError) as refused:
+            library_writers()[writer](ws, out)
+    message = str(refused.value)
+    assert message.startswith(f"{out} {LOCKED} (pid {os.getpid()} on ") and "linearize distill ... --seed 1" in message
+    assert hidden(tmp_path) == [] and not out.exists()
+
+
+def test_two_library_converts_into_one_folder_the_second_is_refused_the_first_succeeds(ws, tmp_path, monkeypatch):
+    """Two ``convert_checkpoint`` calls from Python (two threads) into one folder: the first holds it
+    from its start (its model load waits until the second has tried), the second is refused in
+    one line naming the first, and the first writes the folder."""
+    from linearize.convert import convert_checkpoint
+
+    loading = sys.modules["linearize.convert.loading"]
+    load, holding, tried = loading.load_source_model, threading.Event(), threading.Event()
+
+    def first_waits_for_the_second(*args, **kwargs):
+        if not holding.is_set():
+            holding.set()
+            assert tried.wait(120)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_source_model", first_waits_for_the_second)
+    out, first = tmp_path / "model", {}
+    thread = threading.Thread(target=lambda: first.update(info=convert_checkpoint(str(ws / "tiny"), "relu", out)))
+    thread.start()
+    try:
+        assert holding.wait(120)
+        with pytest.raises(LinearizeError) as refused:
+            convert_checkpoint(str(ws / "tiny"), "hedgehog", out)
+    finally:
+        tried.set()
+        thread.join(300)
+    message = str(refused.value)
+    assert message.startswith(f"{out} {LOCKED} (pid {os.getpid()} on ") and "\n" not in message
+    assert "convert_checkpoint() called by " in message
+    assert message.endswith("wait until it ends, or choose another --out")
+    assert first["info"]["method"] == "relu" and '"method": "relu"' in (out / "config.json").read_text()
     assert hidden(tmp_path) == []
 
 

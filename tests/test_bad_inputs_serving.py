@@ -3,7 +3,8 @@
 - No silent softmax: a converted model refuses every attention implementation that would bypass its
   linear attention (``sdpa``, ``eager``, flash, flex, a serving engine's own), at load and in
   ``set_attn_implementation``, with linearize (``linearize.load``, ``convert``) and without it (plain
-  transformers and the folder's remote code, in a process where linearize cannot be imported).
+  transformers and the folder's remote code, in a process where linearize cannot be imported); it
+  takes ``output_attentions=True`` at load, which its attention honours.
 - A converted folder given to an explicit softmax class (``BertForSequenceClassification``) fails.
 - ``linearize export`` of a sentence-transformers folder writes ``onnx/model.onnx``, and
   docs/usage.md's onnxruntime example (its pooling and normalisation) gives sentence-transformers'
@@ -87,6 +88,16 @@ REMOTE_SCRIPT = WITHOUT_LINEARIZE + textwrap.dedent("""
     results["after the refusals"] = [model.config._attn_implementation, difference(model)]
     results["set linearize"] = outcome(lambda: model.set_attn_implementation("linearize"))
     results["load linearize"] = difference(load(attn_implementation="linearize"))
+    attending = load(output_attentions=True)
+    with torch.no_grad():
+        at_load, at_call = attending(**batch).attentions, model(**batch, output_attentions=True).attentions
+    results["output_attentions at load"] = [attending.config.output_attentions, difference(attending),
+                                            [list(a.shape) for a in at_load],
+                                            max((a - b).abs().max().item() for a, b in zip(at_load, at_call))]
+    results["output_attentions with sdpa"] = outcome(lambda: load(output_attentions=True, attn_implementation="sdpa"))
+    attending.save_pretrained(resaved + "-attending")
+    results["resaved attending"] = json.loads((__import__("pathlib").Path(resaved + "-attending") /
+                                               "config.json").read_text()).get("output_attentions", False)
     config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
     config._attn_implementation = "vllm"  # an engine sets its own before building the model
     results["engine's own"] = outcome(lambda: type(model)(config))
@@ -148,6 +159,28 @@ def test_remote_code_refuses_attn_implementation_at_load(remote, name):
 def test_remote_code_accepts_its_own_attention_implementation(remote):
     assert remote["set linearize"] == "ok"
     assert remote["load linearize"] <= 1e-5
+
+
+def test_remote_code_takes_output_attentions_at_load(remote):
+    """``from_pretrained(..., output_attentions=True)`` was refused (transformers allows the flag with
+    eager only); linearize's attention returns the weights it gives at call time, one [batch, heads,
+    N, N] per layer, the linear layer's included, and the outputs stay the converted model's."""
+    flag, difference, shapes, gap = remote["output_attentions at load"]
+    assert flag is True and difference <= 1e-5
+    assert len(shapes) == 2 and all(len(shape) == 4 and shape[-1] == shape[-2] > 1 for shape in shapes), shapes
+    assert gap == 0.0
+
+
+def test_remote_code_with_output_attentions_still_refuses_a_bypassing_implementation(remote):
+    assert remote["output_attentions with sdpa"] == refusal("sdpa")
+
+
+def test_output_attentions_is_not_saved_so_linearize_load_reads_the_folder(converted, remote):
+    """A saved flag would make ``linearize.load`` (transformers' BertConfig) refuse the folder."""
+    assert remote["resaved attending"] is False
+    batch, expected, _ = torch.load(converted["batch"])
+    model = linearize.load(str(converted["root"] / "resaved") + "-attending")
+    torch.testing.assert_close(first_output(model, batch), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_remote_code_refuses_an_engines_own_implementation_set_on_the_config(remote):

@@ -102,7 +102,16 @@ ARGUMENT_ERRORS = [
     (["export", "{tmp}/nope"], 1, "has no config.json"),
     (["report", "{tmp}/nope"], 1, "{tmp}/nope does not exist"),
     (["push", "{tmp}/nope", "--repo-id", "me/model", "--dry-run"], 1, "{tmp}/nope does not exist"),
+    (["push", "{tmp}", "--repo-id", "me/model", "--dry-run"], 1, "{tmp} is not a converted model folder (no "
+                                                                 "config.json) nor a run folder"),
     (["bench", "folder", "{tmp}/nope"], 1, "{tmp}/nope has no config.json"),
+    (["bench", "folder", "{tmp}"], 1, "{tmp} has no config.json: it is not a saved model folder"),
+    (["convert", "minilm", "--out", "{tmp}/out", "--method", "lunaa"], 1,
+     "unknown method 'lunaa'; valid methods: luna, hedgehog"),
+    (["convert", "minilm", "--out", "{tmp}/out", "-m", "hedgehgo"], 1, "cosformer, softmax; did you mean 'hedgehog'?"),
+    (["distill", "{tmp}", "--out", "{tmp}/out", "--method", "nope"], 1, "unknown method 'nope'; valid methods: luna"),
+    (["run", "--method", "lunaa"], 1, "unknown method 'lunaa'"),
+    (["compare", "--methods", "luna,t2rr"], 1, "unknown method 't2rr'; valid methods: luna"),
     (["bench", "attention", "--seq-lens", "abc"], 2, "'abc' is not a comma-separated list of positive integers"),
     (["bench", "long", "--seq-lens", "abc"], 2, "'abc' is not a comma-separated list of positive integers"),
     (["eval", "text", "{tmp}/nope"], 1, "{tmp}/nope is neither a model folder nor a Hub id"),
@@ -170,6 +179,15 @@ def test_an_unknown_name_is_still_an_attribute_error():
         linearize.nope  # noqa: B018
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sys.modules["linearize.convert"].nope  # noqa: B018
+
+
+def test_the_method_names_the_cli_checks_before_torch_are_the_registry():
+    """The command line refuses a mistyped --method from a static list (the registry loads torch):
+    it must name exactly the registered methods, in their order."""
+    from linearize import methods
+    from linearize.cli.common import METHOD_NAMES
+
+    assert METHOD_NAMES == tuple(methods())
 
 
 def test_compare_help_names_the_default_methods_it_runs():

@@ -50,7 +50,7 @@ OLD_DEFAULTS = {
 NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0}, "position_init": "tile",
                 "data": {"similarity_file": None, "group_by_length": False, "regression": False},
                 "teacher": {"attention_dropout": None},
-                "eval": {"latency_max_length": 8192},
+                "eval": {"latency_max_length": 8192, "latency_lengths": [2048, 4096]},
                 "hybrid": {"window": 0, "sinks": "none", "gamma": 0.1}}
 
 

@@ -61,6 +61,13 @@ def test_run_writes_report_model_and_resumes(workspace):
     assert report["model"]["parameters_added"] == 2 * 4 * 8 * 8  # hedgehog: per layer H·d·d
     assert len(report["curves"]["stage1"]) == report["recipe"]["stage1"]["epochs"] * 6  # 48 rows, batch 8
     assert report["latency"]["seq_len"] == 16 and report["latency"]["teacher_ms"] > 0
+    # and at eval.latency_lengths (default 2,048 and 4,096): the tiny model's 512 positions tiled on copies
+    longer = report["latency"]["at_lengths"]
+    assert [row["seq_len"] for row in longer] == [2048, 4096]
+    assert all(row["teacher_ms"] > 0 and row["student_ms"] > 0 and row["repeats"] == 2 for row in longer)
+    assert all(row["speedup"] == pytest.approx(row["teacher_ms"] / row["student_ms"]) for row in longer)
+    assert "| 4,096 |" in (out / "report.md").read_text()
+    assert linearize.load(out / "model").config.max_position_embeddings == 512  # the saved model is not extended
     assert report["visuals"]["cls_attention"][0]["tokens"][0] == "[CLS]"
     assert report["data_hash"].startswith("sha256:")
     for name in ("report.json", "report.md", "state.json", "model/report.json", "model/model.safetensors",

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import LinearizeError
-from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text, writes_output
 from .crossover import crossovers
 from .methods import EAGER, SDPA, SDPA_EFFICIENT, SDPA_FLASH, method_specs
 from .models import bench_model
@@ -157,6 +157,7 @@ def _write_bench(result, out_dir, log):
         log(f"wrote {files['json']}, {files['markdown']}, {files['plot']}")
 
 
+@writes_output("out_dir")
 def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
               threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
               memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):

@@ -15,15 +15,14 @@ import datetime
 import json
 from pathlib import Path
 
+from ..convert.loading import FOLDER_BENCH_JSON
 from ..errors import LinearizeError
-from ..outputs import atomic_write_json
+from ..outputs import atomic_write_json, check_writable_inside
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
 from .models import accepted_length, default_softmax_max_bytes, measure_lengths
 from .timing import Placement, measuring
 
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
-#: the file ``bench_folder`` writes into a converted model folder
-FOLDER_BENCH_JSON = "bench.json"
 #: the ``kind`` of that file (kept as first written, so earlier measurements still read)
 FOLDER_BENCH_KIND = "linearize bench --model"
 
@@ -69,6 +68,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
 
     directory = Path(directory)
     about = summary(directory)  # a one-line error for a folder that is not a converted model
+    check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one its result cannot be written into
     if about["base_model_type"] == "timm" or "image_size" in json.loads((directory / "config.json").read_text()):
         raise LinearizeError(f"{directory} is a vision model; `linearize bench folder DIR` measures text models "
                              "(token inputs)")

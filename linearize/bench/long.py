@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LinearizeError
-from ..outputs import atomic_write_json, atomic_write_text
+from ..outputs import atomic_write_json, atomic_write_text, writes_output
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
 from .methods import method_specs
 from .models import default_softmax_max_bytes, learned_positions, measure_lengths, model_info
@@ -227,6 +227,7 @@ def _long_result(out_dir, specs, seq_lens, placement, settings):
             "models": [], "files": {"json": str(out_dir / LONG_FILES[0]), "markdown": str(out_dir / LONG_FILES[1])}}
 
 
+@writes_output("out_dir")
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
                    log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False, processes=0):

@@ -140,11 +140,13 @@ def folder_command(
 
     Example: linearize bench folder runs/minilm-hh-4k
     """
-    from ..convert.loading import read_conversion_record
+    from ..convert.loading import FOLDER_BENCH_JSON, read_conversion_record
+    from ..outputs import check_writable_inside
 
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
     settings = _settings(measure, "processes")
     read_conversion_record(directory)  # not a converted folder: one line before torch loads
+    check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one bench.json cannot be written into
     from ..bench import bench_folder
 
     bench_folder(directory, softmax_max_bytes=_gib_bytes(softmax_max_gib), **lengths, **settings, log=console.print)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,6 +16,7 @@ from rich.markup import escape
 
 from ..errors import LinearizeError
 from ..launcher import launched_processes
+from ..outputs import writing_output  # noqa: F401  (the commands' hold on their output folder)
 from ..threads import set_threads  # noqa: F401  (the commands' --threads)
 
 app = typer.Typer(
@@ -127,21 +127,24 @@ INTERRUPTED = {
 }
 
 
-@contextmanager
-def writing_output(path, option="--out"):
-    """A command's hold on its output folder ``path``, taken before any work: checked (a place it
-    cannot write is one line) and locked while the command writes it, so a second writer is
-    refused in one line (:func:`linearize.outputs.locked_output`). Under a launcher the main
-    process, which writes the outputs, holds the lock. Yields the checked path."""
-    from ..outputs import locked_output
+#: the registered methods' names, in ``linearize.methods()``'s order, known here without importing the
+#: feature maps (they load torch) so that a mistyped --method answers at once; the registry stays the
+#: truth (tests/test_cli_speed_and_setup.py keeps this equal to it)
+METHOD_NAMES = ("luna", "hedgehog", "t2r", "performer", "darkformer", "flexformer-s", "flexformer-n", "elu", "relu",
+                "cosformer", "softmax")
 
-    main = launched_processes() == 1
-    if not main:
-        from ..training import is_main_process
 
-        main = is_main_process()
-    with locked_output(path, option=option, lock=main) as checked:
-        yield checked
+def check_method_names(*names):
+    """A one-line ``LinearizeError`` for the first of ``names`` (None: not given) that names no
+    method, with the closest name if one is close, before torch loads (the library checks each
+    method against the registry again)."""
+    import difflib
+
+    for name in names:
+        if name is not None and name not in METHOD_NAMES:
+            close = difflib.get_close_matches(name, METHOD_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise LinearizeError(f"unknown method {name!r}; valid methods: {', '.join(METHOD_NAMES)}{hint}")
 
 
 def check_arguments(model, *configs):

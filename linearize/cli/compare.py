@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import ThreadsOpt, app, console, friendly_errors, set_threads, writing_output
+from .common import ThreadsOpt, app, check_method_names, console, friendly_errors, set_threads, writing_output
 from .run import SetOpt
 
 
@@ -40,13 +40,15 @@ def compare_command(
     """
     from ..recipes import load_recipe, parse_set
 
+    names = [name.strip() for name in (methods or "").split(",") if name.strip()]
+    check_method_names(*names)
     set_threads(threads)
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
     out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
     with writing_output(out):
         from ..compare import compare, parse_variant, render  # after the recipe's checks
 
-        table = compare(resolved, out, methods=[m.strip() for m in (methods or "").split(",") if m.strip()] or None,
+        table = compare(resolved, out, methods=names or None,
                         seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
                         settings=dict(parse_variant(v) for v in variant) if variant else None,
                         teachers_from=teachers_from, table_only=table_only, log=console.print)

@@ -12,8 +12,8 @@ from rich.table import Table
 from ..config import HybridConfig, PositionsConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from ..recipes import parse_options
-from .common import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, console, err_console,
-                     friendly_errors, parse_layers, writing_output)
+from .common import (HeadDimOpt, LayersOpt, MethodOpt, NumHeadsOpt, OptionOpt, app, check_method_names, console,
+                     err_console, friendly_errors, parse_layers, writing_output)
 from .config_options import config_options
 
 
@@ -28,7 +28,8 @@ def methods_command(
 
     Example: linearize methods --head-dim 32 --num-heads 12
     """
-    from ..attention import create_feature_map, method_options, methods
+    from ..attention import method_options, methods
+    from ..convert.memory import check_feature_map_memory, map_bytes, meta_feature_map
 
     options = parse_options(option)
     every_option = {key for name in methods() for key in method_options(name)}
@@ -40,7 +41,9 @@ def methods_command(
         table.add_column(column, overflow="fold")
     for name in methods():
         mine = {k: v for k, v in options.items() if k in method_options(name)}
-        fm = create_feature_map(name, head_dim, num_heads, **mine)
+        # sized on the meta device, never allocated: a huge option is refused as convert refuses it (fp32)
+        fm = meta_feature_map(name, head_dim, num_heads, mine)
+        check_feature_map_memory(name, map_bytes(fm, 4), 1, mine)
         feature_dim = "exact" if fm.exact_softmax else str(fm.feature_dim)
         opts = ", ".join(f"{k}={v}" for k, v in method_options(name).items())
         table.add_row(name, fm.paper, feature_dim, f"{fm.num_learnable_parameters():,}", opts or "-")
@@ -82,7 +85,8 @@ def convert_command(
     from ..convert.loading import check_source
 
     layers, options = parse_layers(layers), parse_options(option)
-    check_source(model, allow_pickle=allow_pickle)  # a mistyped name or folder is one line before torch loads
+    check_method_names(method)  # a mistyped method, name or folder is one line before torch loads
+    check_source(model, allow_pickle=allow_pickle)
     with writing_output(out):
         from ..convert import convert_checkpoint
 

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..recipes import parse_options
-from .common import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, console, friendly_errors, parse_layers,
-               set_threads, writing_output)
+from .common import (LayersOpt, OptionOpt, ThreadsOpt, TrainFileOpt, app, check_method_names, console,
+                     friendly_errors, parse_layers, set_threads, writing_output)
 
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", help="Override any recipe field: key.sub=value, e.g. stage1.lr=1e-2 (repeatable).")]
@@ -49,6 +49,7 @@ def run_command(
     """
     from ..recipes import load_recipe, parse_set
 
+    check_method_names(method)  # the recipe's own method is checked when it loads
     set_threads(threads)
     overrides = parse_set(set_)
     for key, value in (("method", method), ("task", task), ("model", model), ("seed", seed)):

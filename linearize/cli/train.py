@@ -9,8 +9,9 @@ import typer
 
 from ..config import DataConfig, FinetuneConfig, HybridConfig, Stage1Config
 from ..recipes import parse_options
-from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, check_arguments, console,
-                     friendly_errors, parse_layers, print_scores, set_threads, writing_output)
+from .common import (TEXT_DATA_FIELDS, LayersOpt, OptionOpt, TaskOpt, ThreadsOpt, app, check_arguments,
+                     check_method_names, console, friendly_errors, parse_layers, print_scores, set_threads,
+                     writing_output)
 from .config_options import config_options
 
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
@@ -51,6 +52,7 @@ def distill_command(
     Example: linearize distill runs/minilm-luna --task moviereviews --out runs/minilm-luna-s1
     """
     options, layers = parse_options(option), parse_layers(layers)
+    check_method_names(method)
     check_arguments(model, config, data)
     set_threads(threads)
     with writing_output(out):

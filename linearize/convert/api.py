@@ -21,6 +21,8 @@ from . import positions, resolution, sentence_transformers
 from .backends import backend_for, backend_for_record, hf_attention
 from .backends.hf import base_config, linearized_hf_class, load_processor  # noqa: F401  (public names)
 from .loading import check_loading_info, read_conversion_record  # noqa: F401  (public names)
+from .memory import check_feature_map_memory, map_bytes, meta_feature_map
+from ..outputs import writes_output
 from .record import ConversionRecord
 
 SUPPORTED = sorted(hf_attention.ATTENTION_CLASSES) + ["timm VisionTransformer"]
@@ -107,18 +109,12 @@ def check_convertible(model, method, *, layers=None, window=None, sinks=None, ga
     check_memory(model, method, _check_layers(layers, len(attention_modules(model))), options)
 
 
-#: the share of the machine's memory the feature maps of a conversion may take: the model, the
-#: temporaries of their construction and their training (gradients, AdamW's moments) need the rest
-FEATURE_MAP_MEMORY_SHARE = 0.5
-
-
 def feature_map_bytes(model, method, layers, options):
     """Bytes of the parameters and buffers that ``method``'s feature maps on ``layers`` add to
-    ``model`` (in its dtype), counted on PyTorch's meta device: nothing is allocated, and a map
-    that cannot be built for this geometry raises its one-line error here."""
+    ``model`` (in its dtype), counted on PyTorch's meta device (:func:`memory.meta_feature_map`):
+    nothing is allocated, and a map that cannot be built for this geometry raises its one-line
+    error here."""
     import torch
-
-    from ..attention.feature_maps import create_feature_map
 
     modules = attention_modules(model)
     reference = next(model.parameters(), None)
@@ -127,9 +123,7 @@ def feature_map_bytes(model, method, layers, options):
     for index in layers:
         geometry = _head_geometry(model, modules[index][1])
         if geometry not in sizes:
-            with torch.device("meta"):
-                fm = create_feature_map(method, *geometry, **options)
-            sizes[geometry] = sum(t.numel() for t in (*fm.parameters(), *fm.buffers())) * element
+            sizes[geometry] = map_bytes(meta_feature_map(method, *geometry, options), element)
     return sum(sizes[_head_geometry(model, modules[index][1])] for index in layers)
 
 
@@ -142,23 +136,10 @@ def _head_geometry(model, module):
 
 def check_memory(model, method, layers, options):
     """A one-line ``LinearizeError`` when the feature maps of ``layers`` would take more than
-    :data:`FEATURE_MAP_MEMORY_SHARE` of this machine's memory (a huge option value), naming the
-    options to lower; checked before any map is allocated."""
-    from ..machine import physical_memory
-
-    memory = physical_memory()
-    if not memory or not layers:
-        return
-    needed = feature_map_bytes(model, method, layers, options)
-    if needed <= memory * FEATURE_MAP_MEMORY_SHARE:
-        return
-    size_options = sorted((key for key, value in options.items() if key != "seed" and isinstance(value, int)
-                    and not isinstance(value, bool)), key=lambda key: -options[key])
-    lower = f"lower {', '.join(f'{key} (now {options[key]:,})' for key in size_options)}" if size_options else \
-        "convert fewer layers"
-    raise LinearizeError(f"{method}'s feature maps would take {needed / 2**30:,.1f} GiB ({len(layers)} layers), more "
-                         f"than {FEATURE_MAP_MEMORY_SHARE:.0%} of this machine's {memory / 2**30:,.1f} GiB of "
-                         f"memory: {lower}")
+    :data:`~linearize.convert.memory.FEATURE_MAP_MEMORY_SHARE` of this machine's memory (a huge
+    option value), naming the options to lower; checked before any map is allocated."""
+    if layers:
+        check_feature_map_memory(method, feature_map_bytes(model, method, layers, options), len(layers), options)
 
 
 def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, image_size=None,
@@ -318,6 +299,7 @@ def save_processors(source, directory, model_max_length=None, image_size=None):
     return saved
 
 
+@writes_output("out")
 def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
                        allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None,
                        image_size=None, convert_sliding_window=None, window=None, sinks=None, gamma=None):
@@ -328,8 +310,8 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     ``max_length`` / ``position_init``: extend the position table (``convert``); the saved
     tokenizer's ``model_max_length`` follows. ``image_size``: convert for S×S images; the saved
     image processor follows. ``convert_sliding_window``, ``window``, ``sinks``, ``gamma``: as ``convert``.
-    The folder is written whole or not at all. Returns a summary dict (what ``linearize info``
-    prints).
+    The folder is written whole or not at all, by one writer at a time (``outputs.writes_output``).
+    Returns a summary dict (what ``linearize info`` prints).
     """
     from ..outputs import atomic_dir, prepare_output_dir
     from .loading import load_source_model, resolve_model_name

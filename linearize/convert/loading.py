@@ -15,6 +15,10 @@ from ..errors import LinearizeError
 from .record import ConversionRecord
 from .heads import check_head_fits, cli_heads
 
+#: the file `linearize bench folder DIR` writes into a converted model folder (its measured crossover,
+#: which `linearize info` and the model card state)
+FOLDER_BENCH_JSON = "bench.json"
+
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
     "bert-large": "google-bert/bert-large-uncased",

@@ -4,6 +4,7 @@ data's hash (the machine it ran on: :func:`linearize.machine.environment`)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import statistics
@@ -28,6 +29,40 @@ def latency(teacher, student, batch, repeats=10):
                               repeats=repeats, warmup=1)
     t, s = (1000 * statistics.median(times[name]) for name in ("teacher", "student"))
     return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
+
+
+@torch.no_grad()
+def latency_at_lengths(teacher, student, token_ids, lengths, repeats):
+    """:func:`latency` at each of ``lengths`` (batch 1: ``token_ids [1, n]`` repeated to the length, all real):
+    a list of ``{"seq_len", "teacher_ms", "student_ms", "speedup", "repeats"}``. A model with fewer learned
+    positions than the longest length is timed on a copy with its table tiled to it (``linearize bench
+    long``'s rule: softmax and the linear model get the same table)."""
+    from ..bench.models import learned_positions
+    from ..convert.positions import extend_positions
+
+    longest = max(lengths)
+    models = [extend_positions(copy.deepcopy(model), longest)
+              if (learned_positions(model) or longest) < longest else model for model in (teacher, student)]
+    rows = []
+    for length in lengths:
+        ids = token_ids.repeat(1, -(-length // token_ids.shape[1]))[:, :length]
+        rows.append({"seq_len": length, **latency(*models, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                                  repeats)})
+    return rows
+
+
+def longer_lengths(config, spec, model, seq_len):
+    """The lengths of ``eval.latency_lengths`` a run times beside its own ``seq_len``: text models only,
+    longer than ``seq_len``, at most ``eval.latency_max_length`` and what the model's positions allow
+    (learned positions can be tiled further; a rotary model's limit cannot)."""
+    from ..bench.models import learned_positions
+
+    if spec.kind != "text":
+        return []
+    limit = config.eval.latency_max_length
+    if learned_positions(model) is None and getattr(model.config, "max_position_embeddings", None):
+        limit = min(limit, model.config.max_position_embeddings)
+    return sorted({n for n in config.eval.latency_lengths if seq_len < n <= limit})
 
 
 def on_device(batch, model):

@@ -14,6 +14,7 @@ from ..convert import conversion_record, convert, feature_maps_of
 from ..convert.api import hybrid_settings
 from ..distill import distill
 from ..errors import LinearizeError
+from ..outputs import writes_output
 from ..evaluation import scores
 from ..finetune import finetune
 from ..training import main_process_first, on_main_process
@@ -71,6 +72,7 @@ def _work_dir(out):
     return Path(out).with_name(Path(out).name + ".work")
 
 
+@writes_output("out")
 def distill_model(model, task, out, *, method=None, options=None, layers=None, hybrid=None, config=None, data=None,
                   overwrite=False, resume=True, keep_work=False, progress=True, log=print):
     """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first, hybrid with
@@ -164,6 +166,7 @@ def _folder_record(path):
         return None
 
 
+@writes_output("out")
 def finetune_model(model, task, out, *, config=None, head=None, data=None, overwrite=False, resume=True,
                    teacher=None, keep_work=False, progress=True, log=print):
     """Stage 2 alone (or making a softmax teacher): fine-tune, keep the best dev checkpoint, save it.

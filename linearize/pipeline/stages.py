@@ -18,12 +18,13 @@ from ..convert import convert
 from ..distill import attention_distances, distill
 from ..errors import LinearizeError
 from ..evaluation import scores
+from ..outputs import writes_output
 from ..finetune import finetune
 from ..report import StageResult
 from ..training import has_device, main_process_first, on_main_process
 from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_saved, save_model
 from .inputs import TaskData, attention_dropout_warning, build_source_model, check_head
-from .measurements import cls_attention, latency, latency_batch, luna_channels
+from .measurements import cls_attention, latency, latency_at_lengths, latency_batch, longer_lengths, luna_channels
 from .run_report import build_report, write_run_report
 
 STAGES = ("teacher", "stage1", "stage2")
@@ -70,6 +71,7 @@ class RunContext:
         return result
 
 
+@writes_output("out_dir")
 def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, report_to="none"):
     """Run the whole pipeline of ``config`` (a checked :class:`~linearize.config.RunConfig`, as
     ``recipes.load_recipe`` returns it) into ``out_dir``; the :class:`~linearize.report.Report`.
@@ -97,6 +99,7 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     return on_main_process(write_run_report, report, out_dir)  # every process returns the written report
 
 
+@writes_output("out_dir")
 def run_teacher(config, out_dir, *, overwrite=False, progress=True, log=print):
     """The teacher stage of ``config`` alone, as :func:`run` makes it (fine-tuned, scored on the
     selection and report splits, saved into ``out_dir/teacher``, resumable); ``(its
@@ -248,11 +251,17 @@ def measure_latency(ctx, teacher, student):
     if ctx.task.spec.kind == "text" and seq_len < ctx.config.data.max_length:
         ctx.log(f"      latency timed at {seq_len:,} tokens, not data.max_length {ctx.config.data.max_length:,} "
                 "(eval.latency_max_length)")
+    repeats = ctx.config.eval.latency_repeats
     if not ctx.state.done("latency"):
         # timed on the main process alone (the others wait: they would share its cores)
-        ctx.state.finish("latency", on_main_process(latency, teacher, student, batch,
-                                                    ctx.config.eval.latency_repeats))
-    return ctx.state.get("latency"), seq_len, batch
+        ctx.state.finish("latency", on_main_process(latency, teacher, student, batch, repeats))
+    lengths = longer_lengths(ctx.config, ctx.task.spec, teacher, seq_len)
+    if lengths and not ctx.state.done("latency_lengths"):
+        ctx.log(f"      and at {', '.join(f'{n:,}' for n in lengths)} tokens (eval.latency_lengths)")
+        ctx.state.finish("latency_lengths", on_main_process(latency_at_lengths, teacher, student,
+                                                            batch["input_ids"][:1], lengths, repeats))
+    at_lengths = ctx.state.get("latency_lengths") if ctx.state.done("latency_lengths") else []
+    return {**ctx.state.get("latency"), "at_lengths": at_lengths}, seq_len, batch
 
 
 def figure_data(ctx, teacher, student):

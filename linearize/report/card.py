@@ -321,6 +321,9 @@ def _recovery_section(report, figures):
         speed = f" ({latency.speedup:.2f}× speed-up)" if latency.speedup is not None else ""
         seq = f" at sequence length {latency.seq_len}" if latency.seq_len else ""
         facts.append(f"- Latency{seq}: teacher {latency.teacher_ms:.1f} ms, student {latency.student_ms:.1f} ms{speed}.")
+    longer = [f"{row.speedup:.2f}× at {row.seq_len:,} tokens" for row in latency.at_lengths if row.speedup is not None]
+    if longer:
+        facts.append(f"- Whole-model speed against the softmax teacher (batch 1): {', '.join(longer)}.")
     if facts:
         lines += facts + [""]
     if figures:

@@ -404,10 +404,16 @@ def _latency_section(report):
             ["student (linear attention)", _fmt_ms(latency.student_ms)]]
     if latency.speedup is not None:
         rows.append(["speedup", f"**{latency.speedup:.2f}×**" + (" (slower)" if latency.speedup < 1 else "")])
-    return ["## Inference latency", "",
-            markdown_table(["forward pass" + (f" ({', '.join(shape)})" if shape else ""), "time"], rows),
-            "", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
-                "overhead can outweigh it."]
+    lines = ["## Inference latency", "",
+             markdown_table(["forward pass" + (f" ({', '.join(shape)})" if shape else ""), "time"], rows)]
+    if latency.at_lengths:
+        lines += ["", "At longer inputs (batch 1; a model with fewer learned positions timed with its table tiled):", "",
+                  markdown_table(["tokens", "teacher (softmax)", "student", "speed-up"],
+                                 [[f"{row.seq_len:,}", _fmt_ms(row.teacher_ms), _fmt_ms(row.student_ms),
+                                   "–" if row.speedup is None else f"**{row.speedup:.2f}×**"]
+                                  for row in latency.at_lengths], align=["---:"] * 4)]
+    return lines + ["", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
+                        "overhead can outweigh it."]
 
 
 def _figures_section(report):

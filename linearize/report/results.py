@@ -33,7 +33,9 @@ for readers of the file.
                    "mean_kl_before": 1.1, "mean_kl_after": 0.7, "stage1_skipped": false},
      "timing": {"teacher_seconds": 250.0, "stage1_seconds": 60.0, "stage2_seconds": 300.0,
                 "total_seconds": 640.0},
-     "latency": {"seq_len": 64, "batch_size": 32, "teacher_ms": 40.1, "student_ms": 38.0, "speedup": 1.05},
+     "latency": {"seq_len": 64, "batch_size": 32, "teacher_ms": 40.1, "student_ms": 38.0, "speedup": 1.05,
+                 "at_lengths": [{"seq_len": 2048, "teacher_ms": 590.0, "student_ms": 380.0, "speedup": 1.55},
+                                ...]},  # batch 1 at eval.latency_lengths beyond the run's own length
      "selection": {"metric": "accuracy",     # stage 2's model selection on the selection split
                    "candidates": [{"epoch": 0, "score": 0.806},   # epoch 0: the stage-1 model
                                   {"epoch": 1, "score": 0.794}],  # then stage 2's epochs
@@ -342,8 +344,36 @@ class Timing:
 
 @dataclass(frozen=True)
 class Latency:
+    """Teacher and student forward time at the run's own length (``seq_len``, ``batch_size``), and at the
+    longer lengths of ``eval.latency_lengths`` (``at_lengths``: :class:`LengthLatency` rows, batch 1)."""
+
     seq_len: int | None = None
     batch_size: int | None = None
+    teacher_ms: float | None = None
+    student_ms: float | None = None
+    speedup: float | None = None
+    repeats: int | None = None
+    at_lengths: tuple = ()
+
+    @classmethod
+    def from_json(cls, data):
+        out = _fields(cls, data, ("teacher_ms", "student_ms", "speedup"))
+        if out.get("speedup") is None and out.get("teacher_ms") and out.get("student_ms"):
+            out["speedup"] = out["teacher_ms"] / out["student_ms"]
+        rows = out.get("at_lengths") if isinstance(out.get("at_lengths"), list) else []
+        out["at_lengths"] = tuple(LengthLatency.from_json(row) for row in rows if isinstance(row, dict))
+        return cls(**out)
+
+    def to_json(self):
+        out = _section_json(dataclasses.replace(self, at_lengths=None))  # left out when there are none
+        return {**out, "at_lengths": [_section_json(row) for row in self.at_lengths]} if self.at_lengths else out
+
+
+@dataclass(frozen=True)
+class LengthLatency:
+    """One longer length of :class:`Latency`: teacher and student forward time at ``seq_len`` tokens, batch 1."""
+
+    seq_len: int | None = None
     teacher_ms: float | None = None
     student_ms: float | None = None
     speedup: float | None = None
@@ -351,13 +381,7 @@ class Latency:
 
     @classmethod
     def from_json(cls, data):
-        out = _fields(cls, data, ("teacher_ms", "student_ms", "speedup"))
-        if out.get("speedup") is None and out.get("teacher_ms") and out.get("student_ms"):
-            out["speedup"] = out["teacher_ms"] / out["student_ms"]
-        return cls(**out)
-
-    def to_json(self):
-        return _section_json(self)
+        return cls(**_fields(cls, data, ("teacher_ms", "student_ms", "speedup")))
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ attention function the ``[batch, seq]`` key-padding mask (True = real token), ne
 A converted model keeps that implementation: :class:`LinearAttentionGuard` refuses any other
 (``"sdpa"``, ``"eager"``, flash, flex, a serving engine's own), at load and in
 ``set_attn_implementation``, since each would silently bypass the feature maps and run the original
-softmax. A layer that reaches the function without a feature map and was not left softmax on
-purpose (a converted folder built by a plain transformers class) is an error, not softmax.
+softmax. The remote code's config takes ``output_attentions=True`` (:class:`LinearAttentionConfig`),
+which the registered function honours. A layer that reaches the function without a feature map and
+was not left softmax on purpose (a converted folder built by a plain transformers class) is an error,
+not softmax.
 
 This module imports only torch, transformers and ``linearize.attention``, so a saved model's
 remote code can bundle it (see ``hf_remote_code.py``).
@@ -112,7 +114,9 @@ def linearize_attention_forward(module, query, key, value, attention_mask, scali
         fm = _softmax_map(module)
     key, value = repeat_key_value_heads(query, key, value)
     padding = key_padding_from_mask(attention_mask)
-    output_attentions = bool(kwargs.get("output_attentions", False))
+    # asked for at call time, or at load (config.output_attentions: eager returns its weights always)
+    output_attentions = bool(kwargs.get("output_attentions", getattr(getattr(module, "config", None),
+                                                                     "output_attentions", False)))
     if sliding_window is not None:
         out, weights = windowed_attend(fm, query, key, value, padding, scaling, int(sliding_window) - 1,
                                        output_attentions, dropout)
@@ -260,6 +264,35 @@ def linear_attn_implementation(config, requested):
                              "(pip install linearize)")
     register_attention_backend()
     return ATTENTION_IMPLEMENTATION
+
+
+class LinearAttentionConfig:
+    """Mixin of a converted model's config class (the saved remote code's): it takes
+    ``output_attentions=True`` (at load: ``from_pretrained(..., output_attentions=True)``), which
+    linearize's attention honours as transformers' ``eager`` does (:func:`linearize_attention_forward`
+    returns the weights). transformers' own rule allows the flag with ``eager`` only, which would
+    bypass the feature maps: the implementation is :class:`LinearAttentionGuard`'s to refuse, with
+    its one line. The flag holds for the session and is not saved (transformers' config classes, as
+    ``linearize.load`` builds them, refuse a config.json that sets it beside another implementation)."""
+
+    @property
+    def output_attentions(self):
+        return self._output_attentions
+
+    @output_attentions.setter
+    def output_attentions(self, value):
+        self._output_attentions = value
+
+    def validate(self):
+        """transformers' checks of the config (at save), less its rule on ``output_attentions``."""
+        shown, self._output_attentions = self._output_attentions, False
+        try:
+            getattr(super(), "validate", lambda: None)()
+        finally:
+            self._output_attentions = shown
+
+    def to_dict(self):
+        return {**super().to_dict(), "output_attentions": False}
 
 
 class LinearAttentionGuard:

@@ -14,7 +14,8 @@ linearize's own sources (the attention core, every feature map and the transform
 import only torch and transformers) plus one subclass per head whose ``__init__`` attaches the
 feature maps described by the config's ``linearize`` block and which keeps linearize's attention
 implementation (``hf_attention.LinearAttentionGuard``: ``set_attn_implementation("sdpa")`` is
-refused). Nothing in it imports linearize.
+refused), and a config class that takes ``output_attentions=True`` (``hf_attention.LinearAttentionConfig``).
+Nothing in it imports linearize.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def modeling_source(base_model_type, config_class_name, class_names, version, ba
         f"from transformers import {imports}",
         "",
         "",
-        f"class LinearizeConfig({config_class_name}):",
+        f"class LinearizeConfig(LinearAttentionConfig, {config_class_name}):",
         f'    model_type = "{model_type_for(base_model_type)}"',
         "",
         "    def to_dict(self):",
