@@ -75,7 +75,7 @@ LIMITS = {
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
     "kd_temperature": POSITIVE, "max_length": COUNT, "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
-    "max_eval_examples": COUNT,
+    "max_eval_examples": COUNT, "document_length": NON_NEGATIVE,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
     "latency_lengths": (lambda value: all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value),
@@ -273,6 +273,10 @@ class DataConfig(Config):
     similarity_file: str | None = setting(
         None, "Embedding tasks: an STS-style CSV/TSV/JSON(L) (sentence1, sentence2, score); the report gives the "
               "Spearman correlation of teacher and student similarities with its scores.")
+    document_length: int = setting(
+        0, "Embedding tasks: also score the student's agreement with the teacher on whole documents cut at this many "
+           "tokens (doc_cosine, doc_top10_overlap), where a window does not cover the text: the 300 held-out movie "
+           "reviews of moviereviews-long's test split (850 tokens on average). 0: none.")
     seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
     max_length: int = setting(
         128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "

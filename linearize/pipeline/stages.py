@@ -53,11 +53,14 @@ class RunContext:
 
     def score(self, model):
         """``{split: metrics}`` on the selection split and the report split (an embedding task with
-        a similarity file: its Spearman correlation, ``sts_spearman``, with the report split's)."""
+        a similarity file: its Spearman correlation, ``sts_spearman``, with the report split's; with
+        ``data.document_length``: the agreement on whole documents, ``doc_cosine`` and ``doc_top10_overlap``)."""
         splits = ["validation"] + ([self.report_split] if self.report_split != "validation" else [])
         result = scores(model, self.eval_loaders, self.task.spec, splits, self.progress)
         if self.task.similarity is not None:
             result[self.report_split]["sts_spearman"] = self.task.similarity_spearman(model)
+        if self.task.documents is not None:
+            result[self.report_split].update(self.task.document_agreement(model))
         return result
 
     def finish(self, stage, model, result):

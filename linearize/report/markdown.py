@@ -178,6 +178,11 @@ def _embedding_lines(report):
         line += (f"; Spearman correlation with the similarity set's scores {student['sts_spearman']:.3f} "
                  f"(teacher {_fmt_score(teacher.get('sts_spearman'))})")
     line += "."
+    if finite(student.get("doc_cosine")) is not None:
+        length = (report.recipe.get("data") or {}).get("document_length")
+        line += (f" On whole documents{f' cut at {length:,} tokens' if length else ''} (held-out movie reviews): "
+                 f"mean cosine {student['doc_cosine']:.3f}, top-10 overlap "
+                 f"{_fmt_score(student.get('doc_top10_overlap'))}.")
     if finite(stage1.get("cosine")) is not None:
         line += f" After stage 1 alone the mean cosine was {stage1['cosine']:.3f}."
     return [line]
