@@ -116,6 +116,10 @@ REFUSED = [
      "--validation-file {ws}/nope.csv", "--validation-file (data.validation_file) {ws}/nope.csv: no such file"),
     ("a folder as --train-file", FINETUNE + " --task files --train-file {ws}/a-folder.csv",
      "{ws}/a-folder.csv is a folder; pass a CSV/TSV/JSON(L) file"),
+    # -- item 3: a teacher used as it is whose classes are the task's in another order
+    ("run teacher.finetune false, classes in another order", "run {ws}/spam.yaml --out {out} --model "
+     "{ws}/spam-first --set teacher.finetune=false",
+     "numbers its classes spam, ham but task files numbers them ham, spam"),
     # -- item 3: a blank label cell
     ("a blank label cell", FINETUNE + " --task files --train-file {ws}/blank.csv",
      "{ws}/blank.csv: record 3 has a blank label in column 'label'; fill it in or remove the record"),

@@ -216,10 +216,10 @@ def name_labels(model, spec):
     return model
 
 
-def check_label_order(model, spec, name):
-    """A model used as it is must name its classes in the task's order: the same names (case
-    aside) in another order would score its predictions against the wrong classes."""
-    id2label = getattr(model.config, "id2label", None) or {}
+def check_label_order(model_config, spec, name):
+    """A model used as it is (``model_config``: its config) must name its classes in the task's order: the
+    same names (case aside) in another order would score its predictions against the wrong classes."""
+    id2label = getattr(model_config, "id2label", None) or {}
     if spec.is_embedding or spec.is_regression or len(id2label) != len(spec.label_names):
         return
     names = [str(id2label.get(i, id2label.get(str(i), ""))) for i in range(len(id2label))]

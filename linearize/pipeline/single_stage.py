@@ -190,7 +190,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     if teacher is not None:
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
-        check_label_order(teacher, task_data.spec, "the teacher")
+        check_label_order(teacher.config, task_data.spec, "the teacher")
     if not task_data.spec.is_embedding:
         check_task_head(net, model)
         name_labels(net, task_data.spec)  # the saved head answers in the task's classes
@@ -226,7 +226,7 @@ def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress
                              "reports them")
     check_task_head(net, model)
     check_head(net, task_data.spec, model)
-    check_label_order(net, task_data.spec, model)
+    check_label_order(net.config, task_data.spec, model)
     loaders = task_data.loaders(batch_size, 0)
     splits = [s for s in task_data.data if s != "train"]
     return {"task": task_data.spec.name, "converted": converted, "primary_metric": task_data.spec.primary_metric,

@@ -23,7 +23,8 @@ from ..finetune import finetune
 from ..report import StageResult
 from ..training import has_device, main_process_first, on_main_process
 from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_saved, save_model
-from .inputs import TaskData, attention_dropout_warning, build_source_model, check_head
+from .inputs import (TaskData, attention_dropout_warning, build_source_model, check_head, check_label_order,
+                     source_config)
 from .measurements import cls_attention, latency, latency_at_lengths, latency_batch, longer_lengths, luna_channels
 from .run_report import build_report, write_run_report
 
@@ -184,6 +185,8 @@ def _make_teacher(ctx):
     from ..convert.api import check_convertible
 
     config, spec = ctx.config, ctx.task.spec
+    if not config.teacher.finetune and not isinstance(config.model, dict):  # the checkpoint's own classes, before
+        check_label_order(source_config(config.model), spec, config.model)  # the task's names replace them
     teacher, source = build_source_model(config, spec)
     # the student's conversion is checked now, not after the teacher's fine-tuning
     check_convertible(teacher, config.method, layers=config.layers, **config.hybrid.to_dict(), **config.options)
