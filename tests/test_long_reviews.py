@@ -9,6 +9,8 @@ import pytest
 import torch
 import transformers as T
 
+import linearize
+from linearize.convert import conversion_record
 from linearize.data import load_task_data
 from linearize.errors import LinearizeError
 from linearize.pipeline.inputs import fit_positions, fit_tokenizer
@@ -130,6 +132,15 @@ def test_measure_tiny_mode_writes_the_table_and_reuses_finished_seeds(tiny, tmp_
     monkeypatch.setattr(measure, "run_teacher", no_more_runs)
     assert measure.measure(recipe, tmp_path / "study", seeds=[0], truncate=16, progress=False,
                            log=lambda *a: None)["per_seed"] == [seed0]
+    # a hybrid variant shares the seed's teachers (--teachers-from): only its student trains
+    monkeypatch.undo()
+    monkeypatch.setattr(measure, "run_teacher", no_more_runs)
+    hybrid = recipe.with_overrides({"hybrid": {"window": 8, "sinks": "first"}})
+    variant = measure.measure(hybrid, tmp_path / "hybrid", seeds=[0], truncate=16, progress=False,
+                              log=lambda *a: None, teachers_from=tmp_path / "study")["per_seed"][0]
+    assert (variant["truncated"], variant["full"]) == (seed0["truncated"], seed0["full"])
+    record = conversion_record(linearize.load(tmp_path / "hybrid" / "seed0" / "full" / "model"))
+    assert (record.window, record.sinks) == (8, ("first",))
 
 
 

@@ -24,6 +24,8 @@ table of the finished ones, ``long-reviews.json`` and ``long-reviews.md``.
     PYTHONPATH=. python docs/experiments/long-reviews/measure.py --out runs/long-reviews   # 3 seeds
     PYTHONPATH=. OMP_NUM_THREADS=1 python docs/experiments/long-reviews/measure.py --quick \\
         --out runs/long-reviews-quick --seeds 0          # smoke test: the recipe's quick block, (a) at 128
+    PYTHONPATH=. python docs/experiments/long-reviews/measure.py --out runs/long-reviews-hybrid32 \\
+        --teachers-from runs/long-reviews --set hybrid.window=32 --set hybrid.sinks=first   # a variant: students only
 """
 
 from __future__ import annotations
@@ -47,20 +49,27 @@ RECIPE = "minilm-longreviews"
 QUICK_TRUNCATE = 128  # --quick's (a): shorter than the quick block's 576 tokens, as 512 is than 2,048
 
 
-def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None, progress=True, log=print):
-    """Seed ``seed``'s row of every column (``out/seed<N>/result.json``, reused when there)."""
+def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None, progress=True, log=print,
+                 teachers_from=None):
+    """Seed ``seed``'s row of every column (``out/seed<N>/result.json``, reused when there).
+    ``teachers_from``: another study's ``--out`` whose seed folders hold finished teachers (a) and (b)
+    of the same recipe: they are reused (``linearize run --teacher-from``), only the student trains."""
     folder = Path(out) / f"seed{seed}"
     done = folder / "result.json"
     if done.is_file():
         log(f"== seed {seed}: finished, reusing {done}")
         return json.loads(done.read_text())
     seeded = recipe.with_overrides({"seed": seed})
+    shared = Path(teachers_from) / f"seed{seed}" if teachers_from is not None else None
     log(f"== seed {seed}: (a) the softmax teacher cut at {truncate} tokens")
-    short, _ = run_teacher(seeded.with_overrides({"data": {"max_length": truncate}}), folder / f"teacher-{truncate}",
-                           progress=progress, log=log)
+    short = shared_teacher(shared / f"teacher-{truncate}") if shared is not None else None
+    if short is None:
+        short, _ = run_teacher(seeded.with_overrides({"data": {"max_length": truncate}}),
+                               folder / f"teacher-{truncate}", progress=progress, log=log)
     log(f"== seed {seed}: (b) the softmax teacher and (c) the {recipe.method} student at "
         f"{recipe.data.max_length} tokens")
-    report = run(seeded, folder / "full", progress=progress, log=log).to_json()
+    report = run(seeded, folder / "full", progress=progress, log=log,
+                 teacher_from=shared / "full" if shared is not None else None).to_json()
     split, metric = report["recovery"]["split"], report["task"]["primary_metric"]
     result = {"seed": seed, "split": split, "metric": metric, "truncate": truncate,
               "max_length": recipe.data.max_length, "method": recipe.method,
@@ -71,6 +80,16 @@ def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None,
               "time_per_review": time_per_review(folder / "full", seeded, device, max_reviews)}
     atomic_write_json(done, result)
     return result
+
+
+def shared_teacher(run_dir):
+    """The finished teacher stage (its StageResult) of another study's run folder, or None (then it is trained)."""
+    from linearize.pipeline.artifacts import RunState
+
+    if not (Path(run_dir) / "state.json").is_file():
+        return None
+    state = RunState(run_dir, None)
+    return state.get("teacher") if state.done("teacher") else None
 
 
 @torch.inference_mode()
@@ -164,13 +183,14 @@ def render(table):
     return "\n".join(lines) + "\n"
 
 
-def measure(recipe, out, seeds=(0, 1, 2), *, truncate=512, device="cpu", max_reviews=None, progress=True, log=print):
+def measure(recipe, out, seeds=(0, 1, 2), *, truncate=512, device="cpu", max_reviews=None, progress=True, log=print,
+            teachers_from=None):
     """Every seed (finished ones reused); the table rewritten after each. Returns the table."""
     out = Path(out)
     results, table = [], None
     for seed in seeds:
         results.append(measure_seed(recipe, seed, out, truncate=truncate, device=device, max_reviews=max_reviews,
-                                    progress=progress, log=log))
+                                    progress=progress, log=log, teachers_from=teachers_from))
         table = summarize(results)
         atomic_write_json(out / "long-reviews.json", table)
         atomic_write_text(out / "long-reviews.md", render(table))
@@ -189,6 +209,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="where the time per review is measured (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--timing-reviews", type=int, default=None, help="time only this many test reviews")
+    parser.add_argument("--teachers-from", type=Path, default=None,
+                        help="another study's --out: reuse its seeds' finished teachers (a) and (b) (e.g. a hybrid "
+                             "variant beside the pure student: --set hybrid.window=32 --set hybrid.sinks=first)")
     args = parser.parse_args(argv)
     keep_freed_memory()  # as the linearize command does: training steps reuse their freed memory
     if args.threads:
@@ -196,7 +219,7 @@ def main(argv=None):
     recipe = load_recipe(args.recipe, overrides=parse_set(args.set), quick=args.quick)
     truncate = args.truncate or (QUICK_TRUNCATE if args.quick else 512)
     table = measure(recipe, args.out, [int(s) for s in args.seeds.split(",") if s.strip()], truncate=truncate,
-                    device=args.device, max_reviews=args.timing_reviews)
+                    device=args.device, max_reviews=args.timing_reviews, teachers_from=args.teachers_from)
     print(render(table))
     print(f"written to {args.out / 'long-reviews.md'}")
 
