@@ -75,7 +75,7 @@ LIMITS = {
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
     "kd_temperature": POSITIVE, "max_length": COUNT, "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
-    "max_eval_examples": COUNT, "document_length": NON_NEGATIVE,
+    "max_eval_examples": COUNT, "document_length": NON_NEGATIVE, "keep_softmax": NON_NEGATIVE,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
     "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
     "latency_lengths": (lambda value: all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value),
@@ -321,6 +321,10 @@ class Stage1Config(DistillConfig):
     enabled: bool = setting(True, "Run stage 1 (false: go to stage 2 with the freshly converted feature maps).")
     batch_size: int = setting(32, "Batch size.")
     eval_batches: int = setting(10, "Dev batches the attention distances are measured on.")
+    keep_softmax: int = setting(
+        0, "After stage 1, give back softmax attention to this many converted layers, those whose attention KL "
+           "from the teacher stays highest on the dev batches (the others keep their distilled maps); the report "
+           "lists the layers still converted and their speed. 0: none.")
 
 
 @dataclass

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -93,6 +94,52 @@ def test_run_writes_report_model_and_resumes(workspace):
     other = load_recipe(str(workspace / "tiny.yaml"), overrides={"method": "t2r"})
     with pytest.raises(linearize.errors.LinearizeError, match=r"different recipe \(method: .hedgehog. -> .t2r.\)"):
         run(other, out, progress=False, log=lambda *a, **k: None)
+
+
+def test_keep_softmax_gives_the_layer_with_the_highest_stage1_kl_back_to_softmax(workspace):
+    """stage1.keep_softmax: 1 of the tiny model's 2 converted layers stays softmax after stage 1 (the one
+    whose attention KL stays highest); the other keeps its distilled map, through stage 2, saving and loading."""
+    recipe = load_recipe(str(workspace / "tiny.yaml"),
+                         overrides={"stage1": {"keep_softmax": 1}, "stage2": {"epochs": 1}, "eval": {"latency_lengths": []}})
+    out = workspace / "keep-softmax"
+    lines = []
+    report = run(recipe, out, progress=False, log=lines.append).to_json()
+    kl = {row["layer"]: row["kl_after"] for row in report["attention"]["per_layer"]}
+    kept = max(kl, key=kl.get)
+    assert report["model"]["layers"] == [layer for layer in (0, 1) if layer != kept]
+    assert any(f"keeping softmax in layer {kept}" in line for line in lines)
+    stage1 = linearize.load(out / "stage1")
+    model = linearize.load(out / "model")
+    from linearize.convert import conversion_record, feature_maps_of
+
+    assert list(feature_maps_of(model)) == list(feature_maps_of(stage1)) == report["model"]["layers"]
+    assert list(conversion_record(model).layers) == report["model"]["layers"]
+    with pytest.raises(linearize.errors.LinearizeError, match="stage1.keep_softmax 2 would give softmax back to every"):
+        run(load_recipe(str(workspace / "tiny.yaml"), overrides={"stage1": {"keep_softmax": 2}}), workspace / "k2",
+            progress=False, log=lambda *a, **k: None)
+    assert not (workspace / "k2" / "teacher").exists()  # refused before the teacher trained
+
+
+def test_revert_layers_keeps_the_other_layers_trained_maps():
+    from tiny_models import build
+
+    from linearize.convert import conversion_record, feature_maps_of
+    from linearize.convert.api import revert_layers
+
+    model = linearize.convert(build("bert"), "hedgehog", window=4, sinks="first")
+    for fm in feature_maps_of(model).values():
+        with torch.no_grad():
+            for parameter in fm.parameters():
+                parameter.add_(0.5)  # "trained"
+    before = {layer: {k: v.clone() for k, v in fm.state_dict().items()} for layer, fm in feature_maps_of(model).items()}
+    revert_layers(model, [0])
+    after = feature_maps_of(model)
+    assert list(after) == [1] and list(conversion_record(model).layers) == [1]
+    assert after[1].window == 4 and after[1].sinks == ("first",)  # the hybrid settings stay
+    for key, value in before[1].items():
+        torch.testing.assert_close(after[1].state_dict()[key], value)
+    with pytest.raises(linearize.errors.LinearizeError, match="some, not all"):
+        revert_layers(model, [1])
 
 
 def test_selection_and_reported_splits_are_disjoint(workspace):

@@ -235,6 +235,29 @@ def revert(model):
     return model
 
 
+def revert_layers(model, layers):
+    """Restore softmax attention in the converted attention layers ``layers`` only, keeping every other
+    converted layer as it is (its trained feature map, γ included), and return the model: its record then
+    lists the layers still converted. At least one converted layer must stay (else :func:`revert`)."""
+    record = conversion_record(model)
+    if record is None:
+        raise LinearizeError("revert_layers() takes a model converted with linearize.convert")
+    layers = {int(layer) for layer in layers}
+    keep = [layer for layer in record.layers if layer not in layers]
+    if layers - set(record.layers) or not keep:
+        raise LinearizeError(f"revert_layers: layers {sorted(layers)} must be some, not all, of the converted layers "
+                             f"{list(record.layers)}")
+    trained = {layer: fm.state_dict() for layer, fm in feature_maps_of(model).items() if layer in keep}
+    revert(model)
+    hybrid = record.hybrid or {}
+    convert(model, record.method, layers=keep, source=record.source, window=hybrid.get("window"),
+            sinks=",".join(hybrid["sinks"]) if hybrid.get("sinks") else None, gamma=hybrid.get("gamma"),
+            **record.options)
+    for layer, fm in feature_maps_of(model).items():
+        fm.load_state_dict(trained[layer])
+    return model
+
+
 def conversion_record(model):
     """The :class:`~linearize.convert.record.ConversionRecord` of a converted model (method, options,
     layers, source, parameter counts), or None for a model that is not converted."""

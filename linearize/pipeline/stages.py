@@ -190,6 +190,7 @@ def _make_teacher(ctx):
     teacher, source = build_source_model(config, spec)
     # the student's conversion is checked now, not after the teacher's fine-tuning
     check_convertible(teacher, config.method, layers=config.layers, **config.hybrid.to_dict(), **config.options)
+    check_keep_softmax(teacher, config)
     if not config.teacher.finetune:
         ctx.log("[2/6] teacher: using the checkpoint as it is (teacher.finetune: false)")
         check_head(teacher, spec, config.model)
@@ -224,7 +225,36 @@ def stage1(ctx, teacher):
                                         block_size=settings.block_size)
         result = StageResult(skipped=True, reason="stage1.enabled is false", per_layer_before=per_layer,
                              per_layer_after=per_layer, steps=0)
+    if settings.keep_softmax:
+        keep_softmax(student, result, settings.keep_softmax, ctx.log)
     return student, ctx.finish("stage1", student, result)
+
+
+def check_keep_softmax(model, config):
+    """``stage1.keep_softmax`` must leave a converted layer: a one-line error before the teacher trains."""
+    from ..convert import attention_modules
+
+    converted = len(config.layers) if config.layers else len(attention_modules(model))
+    if config.stage1.keep_softmax >= converted:
+        raise LinearizeError(f"stage1.keep_softmax {config.stage1.keep_softmax} would give softmax back to every "
+                             f"converted layer ({converted}); pass fewer")
+
+
+def keep_softmax(student, result, count, log):
+    """Give back softmax attention to the ``count`` converted layers whose attention KL after stage 1
+    (``result.per_layer_after``) is highest; the others keep their distilled maps."""
+    from ..convert import conversion_record
+    from ..convert.api import revert_layers
+
+    distances = {int(layer): row["kl"] for layer, row in result.per_layer_after.items()}
+    converted = list(conversion_record(student).layers)
+    if count >= len(converted):
+        raise LinearizeError(f"stage1.keep_softmax {count} would give softmax back to every converted layer "
+                             f"({len(converted)}); pass fewer")
+    worst = sorted(sorted(converted, key=lambda layer: -distances[layer])[:count])
+    log(f"      keeping softmax in layer{'s' if count > 1 else ''} {', '.join(map(str, worst))} (stage1.keep_softmax: "
+        f"the highest attention KL, {', '.join(f'{distances[layer]:.3f}' for layer in worst)})")
+    revert_layers(student, worst)
 
 
 def stage2(ctx, teacher, student, stage1_result):
