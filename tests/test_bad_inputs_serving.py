@@ -183,6 +183,21 @@ def test_output_attentions_is_not_saved_so_linearize_load_reads_the_folder(conve
     torch.testing.assert_close(first_output(model, batch), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_linearize_load_takes_config_flags_and_says_where_output_attentions_goes(converted):
+    """``linearize.load(dir, output_hidden_states=True)`` sets the flag on the model's config (it was a
+    TypeError from the model's constructor); ``output_attentions=True`` at load is one line pointing to the
+    call (transformers' config takes it with eager attention only), and at the call it gives the rows."""
+    batch, _, _ = torch.load(converted["batch"])
+    model = linearize.load(converted["folder"], output_hidden_states=True)
+    with torch.no_grad():
+        out = model(**batch)
+        assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+        rows = model(**batch, output_attentions=True).attentions
+    assert len(rows) == model.config.num_hidden_layers and rows[0].shape[-1] == rows[0].shape[-2]
+    with pytest.raises(LinearizeError, match=r"takes no output_attentions: .*model\(\*\*inputs, output_attentions"):
+        linearize.load(converted["folder"], output_attentions=True)
+
+
 def test_remote_code_refuses_an_engines_own_implementation_set_on_the_config(remote):
     assert remote["engine's own"] == refusal("vllm")
 

@@ -106,12 +106,22 @@ class HFBackend:
             raise LinearizeError(f"transformers {transformers.__version__} has no class {record.architecture!r}; "
                                  "upgrade transformers")
         check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
+        if kwargs.get("output_attentions"):  # transformers' config allows the flag with eager attention only
+            raise LinearizeError("linearize.load takes no output_attentions: ask for the attention rows at the call, "
+                                 "model(**inputs, output_attentions=True)")
+        for name in CONFIG_KWARGS:  # what transformers would set on a config it loads itself: here on ours
+            if name in kwargs:
+                setattr(config, name, kwargs.pop(name))
         want_info = kwargs.pop("output_loading_info", False)
         model, info = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True,
                                                                 output_loading_info=True, **kwargs)
         check_loading_info(directory, info)
         model.eval()
         return (model, info) if want_info else model
+
+
+#: ``from_pretrained`` keywords that are config settings (``linearize.load(dir, output_hidden_states=True)``)
+CONFIG_KWARGS = ("output_attentions", "output_hidden_states", "return_dict")
 
 
 def linearized_hf_class(base):
