@@ -209,6 +209,24 @@ def test_chunked_path_over_several_chunks_equals_the_reference(name, opts):
                 assert error <= 1e-4, (n, radius, chunk, sinks, kind, error)
 
 
+def test_block_sums_too_large_to_keep_are_allocated_per_call(monkeypatch):
+    """Above ``BLOCK_SUMS_KEPT_BYTES`` the per-block sums are a tensor of the call, not a kept buffer:
+    the same result."""
+    from linearize.attention import hybrid_chunked
+
+    fm = make("hedgehog")
+    q, k, v = qkv(n=50, seed=23)
+    mask = padding("right", n=50)
+    found, gamma = sink_positions(mask, B, 50, ("first",), "cpu"), torch.tensor([0.5, 2.0])
+    with torch.no_grad():
+        kept = hybrid.chunked_hybrid_attention(q, k, v, fm, 4, found, gamma, mask, None, 1e-6, 16)
+        monkeypatch.setattr(hybrid_chunked, "BLOCK_SUMS_KEPT_BYTES", 0)
+        fresh = hybrid.chunked_hybrid_attention(q, k, v, fm, 4, found, gamma, mask, None, 1e-6, 16)
+    ref = hybrid_quadratic_attention(q, k, v, fm, 4, ("first",), gamma, mask)
+    rows = real_rows(mask, n=50)
+    assert relative_error(fresh, ref, rows) <= 1e-5 and torch.equal(fresh, kept)
+
+
 def test_inference_takes_the_chunked_path_and_training_the_one_shot_one(monkeypatch):
     """Without autograd a chunkable map runs chunk by chunk; where a gradient is wanted (the map's
     parameters or the inputs need one) the one-shot path runs, and their outputs agree."""

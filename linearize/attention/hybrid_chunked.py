@@ -28,10 +28,18 @@ No ``N×N`` tensor, no tensor of the whole sequence's features; O(N·(3R + D)·d
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .core import (cast_finite, chunk_tokens, features_of_chunk, guard_denominator, log_scaled_chunk, real_key_mask,
                    scratch)
+
+
+#: the per-block key sums (``N/R`` blocks of ``D × (d + 1)`` per row) live in a reused ``core.scratch`` buffer up to
+#: this size (MiniLM geometry, batch 1: 13 MiB at 4,096 tokens, R = 32); larger ones are allocated per call, so a
+#: process that once read a long batch does not keep hundreds of MiB
+BLOCK_SUMS_KEPT_BYTES = 64 * 2**20
 
 
 def chunked_hybrid_attention(q, k, v, feature_map, radius, sinks, gamma, key_padding_mask, scale, eps, chunk=None):
@@ -69,7 +77,11 @@ class _KeyPass:
         self.batch, self.heads, self.rows, self.seq = batch, heads, batch * heads, seq
         count = -(-seq // block)
         dim_f, dim_v = feature_map.feature_dim, v.shape[-1]
-        self.blocks = scratch("linearize.hybrid.blocks", (self.rows, count + 2, dim_f, dim_v + 1), k.device)
+        shape = (self.rows, count + 2, dim_f, dim_v + 1)
+        if math.prod(shape) * 4 <= BLOCK_SUMS_KEPT_BYTES:  # kept between calls, as the chunk buffers are
+            self.blocks = scratch("linearize.hybrid.blocks", shape, k.device)
+        else:  # a whole long batch's sums: not held by the process after the call
+            self.blocks = torch.empty(shape, device=k.device)
         self.blocks[:, 0].zero_()
         self.blocks[:, count + 1].zero_()
         self.sinks = sinks is not None
