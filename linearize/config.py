@@ -220,9 +220,10 @@ class HybridConfig(Config):
     sinks: str = setting(
         "none", "Tokens kept exact (softmax) for every query, beside the window: none, first, last or first,last "
                 "(each sequence's first and last real token: BERT's [CLS] and [SEP]).")
-    gamma: float = setting(
-        0.1, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2); 0.1: "
-             "the best start for Hedgehog with a window and a sink before training (docs/experiments/hybrid).")
+    gamma: float | None = setting(
+        None, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2); "
+              "default: the method's start measured before training, the best single γ with a window and a sink "
+              "(docs/experiments/hybrid: Hedgehog 0.1, T2R 0.03; 0.1 for a method not measured yet).")
 
 
 @dataclass

@@ -481,6 +481,19 @@ def test_make_hybrid_settings_and_errors():
         make("hedgehog").make_hybrid(4, "middle")
 
 
+def test_gamma_starts_at_the_methods_measured_value_unless_given():
+    """γ's start defaults to the method's ``initial_gamma`` (measured before training: Hedgehog 0.1, T2R 0.03;
+    docs/experiments/hybrid), in the feature map and through ``convert``; a given γ wins."""
+    from linearize.convert.api import hybrid_settings
+
+    for name, start in (("hedgehog", 0.1), ("t2r", 0.03), ("elu", 0.1)):
+        torch.testing.assert_close(make(name).make_hybrid(4).hybrid_gamma(), torch.full((H,), start))
+        assert hybrid_settings(4, "first", None, name)["gamma"] == pytest.approx(start)
+    assert hybrid_settings(4, "first", 0.5, "t2r")["gamma"] == 0.5
+    record = conversion_record(hybrid_bert(method="t2r"))
+    assert record.gamma == pytest.approx(0.03)
+
+
 # ---- 5. conversion of a Hugging Face model -----------------------------------------------------------------
 
 def hybrid_bert(window=4, sinks="first,last", method="hedgehog", **kwargs):
@@ -630,7 +643,7 @@ def test_save_pretrained_and_linearize_load_keep_the_hybrid_layers(tmp_path, win
     assert (data["window"], data["sinks"]) == (window, list(sinks))
     loaded = linearize.load(tmp_path / "model")
     record = conversion_record(loaded)
-    assert (record.window, record.sinks, record.gamma) == (window, sinks, HybridConfig().gamma)
+    assert (record.window, record.sinks, record.gamma) == (window, sinks, 0.1)  # Hedgehog's start
     for index, fm in feature_maps_of(loaded).items():
         assert fm.window == window and fm.sinks == sinks
         torch.testing.assert_close(fm.hybrid_log_gamma.detach(), trained[index])
@@ -888,7 +901,7 @@ def test_recipe_hybrid_section_reaches_the_conversion_checks():
                                                                 "hybrid.gamma=0.5"]))
     assert config.hybrid.to_dict() == {"window": 32, "sinks": "first,last", "gamma": 0.5}
     check_convertible(build("bert"), "hedgehog", **config.hybrid.to_dict())
-    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": 0.1}
+    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": None}
     for pair in ("hybrid.sinks=middle", "hybrid.window=-1", "hybrid.gamma=0"):
         with pytest.raises(LinearizeError, match=pair.split(".")[1].split("=")[0]):
             load_recipe(None, quick=True, overrides=parse_set([pair]))

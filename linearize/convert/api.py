@@ -208,8 +208,7 @@ def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
 
     defaults = HybridConfig()
     config = HybridConfig(window=defaults.window if window is None else window,
-                          sinks=defaults.sinks if sinks is None else sinks,
-                          gamma=defaults.gamma if gamma is None else gamma)
+                          sinks=defaults.sinks if sinks is None else sinks, gamma=gamma)
     config.check()
     try:
         names = parse_sinks(config.sinks)
@@ -217,13 +216,14 @@ def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
         raise LinearizeError(str(error)) from None
     if not config.window and not names:
         return None
-    if method is not None:
-        from ..attention.feature_maps import get_feature_map_class
+    from ..attention.feature_maps import FeatureMap, get_feature_map_class
 
-        if get_feature_map_class(method).exact_softmax:
-            raise LinearizeError(f"--window/--sinks make part of a linear method's attention exact; {method} is exact "
-                                 "already: drop them, or choose a linear method")
-    return {"window": int(config.window), "sinks": names, "gamma": float(config.gamma)}
+    map_class = FeatureMap if method is None else get_feature_map_class(method)
+    if map_class.exact_softmax:
+        raise LinearizeError(f"--window/--sinks make part of a linear method's attention exact; {method} is exact "
+                             "already: drop them, or choose a linear method")
+    start = map_class.initial_gamma if config.gamma is None else config.gamma  # the method's measured start
+    return {"window": int(config.window), "sinks": names, "gamma": float(start)}
 
 
 def revert(model):

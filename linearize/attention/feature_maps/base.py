@@ -224,6 +224,10 @@ class FeatureMap(nn.Module):
     #: sink tokens kept exact beside it; neither: pure linear attention
     window: int = 0
     sinks: tuple = ()
+    #: γ's start in hybrid attention when none is given: the best single γ before training with a window and a
+    #: sink, measured per method (docs/experiments/hybrid, "γ at initialisation"); 0.1 (Hedgehog's) where not
+    #: measured yet
+    initial_gamma: float = 0.1
 
     def __init__(self, head_dim, num_heads=1, **options):
         super().__init__()
@@ -243,14 +247,16 @@ class FeatureMap(nn.Module):
         :attr:`writes_out`."""
         return self(x, mask=mask[:, start:start + x.shape[2]], **out)
 
-    def make_hybrid(self, window, sinks=(), gamma=0.1):
+    def make_hybrid(self, window, sinks=(), gamma=None):
         """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys of
         each query's block of ``window`` tokens and the two neighbouring blocks and over the ``sinks``,
         linear attention over the others, mixed by a
-        learned ``γ`` per head that starts at ``gamma`` (stored as ``hybrid_log_gamma``). ``window`` 0
+        learned ``γ`` per head that starts at ``gamma`` (default :attr:`initial_gamma`; stored as
+        ``hybrid_log_gamma``). ``window`` 0
         is no window (the sinks alone are exact); with no sinks either the layer stays pure linear
         attention."""
         window, sinks = int(window), parse_sinks(sinks)
+        gamma = self.initial_gamma if gamma is None else gamma
         if window < 0 or float(gamma) <= 0:
             raise OptionError(f"{self.name}: window must be >= 0 and gamma > 0, got window={window}, gamma={gamma}")
         if (window or sinks) and self.exact_softmax:
