@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader
 from typer.testing import CliRunner
 
 import linearize
-from linearize.config import HybridConfig
 from linearize.attention import create_feature_map
 from linearize.attention import hybrid
 from linearize.attention.core import kernel_matrix, softmax_attention_weights
