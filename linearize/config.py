@@ -223,7 +223,7 @@ class HybridConfig(Config):
     gamma: float | None = setting(
         None, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2); "
               "default: the method's start measured before training, the best single γ with a window and a sink "
-              "(docs/experiments/hybrid: Hedgehog 0.1, T2R 0.03; 0.1 for a method not measured yet).")
+              "(docs/experiments/hybrid: Hedgehog 0.1, T2R 0.03, DARKFormer 10; 0.1 for a method not measured yet).")
 
 
 @dataclass

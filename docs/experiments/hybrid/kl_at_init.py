@@ -47,7 +47,7 @@ def review_batch(length, count):
 def measure(model, batch, gamma):
     """``{layer: kl}`` of ``model`` on ``batch`` with every hybrid γ set to ``gamma``."""
     for fm in feature_maps_of(model).values():
-        if fm.window:
+        if fm.is_hybrid:  # a window, or sinks alone (until 2026-11-26 only a window: sinks-only rows kept the default γ)
             fm.hybrid_log_gamma.data.fill_(math.log(gamma))
     rows = attention_distances(model, [batch], block_size=0)
     return {int(layer): stats["kl"] for layer, stats in rows.items()}

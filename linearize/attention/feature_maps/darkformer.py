@@ -42,6 +42,9 @@ class DarkformerFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     writes_out = True
+    # hybrid attention's γ start: with R = 32 + first the KL before training falls over the whole grid 0.01-10
+    # (2.254 at 0.1, 0.925 at 10: its keys' features are scaled down by the per-sequence max); 10, the grid's edge
+    initial_gamma = 10.0
     paper = "DARKFormer §4.1 eq. 3"
     options_class = DarkformerOptions
     in_default_comparison = True
