@@ -140,6 +140,12 @@ def test_revert_layers_keeps_the_other_layers_trained_maps():
         torch.testing.assert_close(after[1].state_dict()[key], value)
     with pytest.raises(linearize.errors.LinearizeError, match="some, not all"):
         revert_layers(model, [1])
+    # what the first conversion did beyond the attention stays in the record
+    extended = linearize.convert(build("bert"), "hedgehog", max_length=1024)
+    revert_layers(extended, [1])
+    record = conversion_record(extended)
+    assert (list(record.layers), record.max_length, record.position_init) == ([0], 1024, "tile")
+    assert extended.config.max_position_embeddings == 1024
 
 
 def test_selection_and_reported_splits_are_disjoint(workspace):

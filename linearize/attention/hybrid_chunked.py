@@ -195,11 +195,11 @@ def _real_keys(keys, start, stop):
     return real.view(keys.batch, count + 2, block)
 
 
-def _hide_keys(own, left, right, keys, start, stop):
-    """``-inf`` on the scores of keys that are not real: every halo block's keys as the own block of its
-    queries, the left block of the next block's and the right block of the previous one's. Without padding
-    only the blocks at the sequence's ends hold such keys, and only they are touched."""
-    real = _real_keys(keys, start, stop)  # [B, blocks + 2, R]
+def _hide_keys(own, left, right, keys, real):
+    """``-inf`` on the scores of keys that are not real (``real [B, blocks + 2, R]``: :func:`_real_keys`): every
+    halo block's keys as the own block of its queries, the left block of the next block's and the right block
+    of the previous one's. Without padding only the blocks at the sequence's ends hold such keys, and only
+    they are touched."""
     block = keys.block
     shape = (keys.heads, keys.batch, -1, block, own.shape[-1])
     own, left, right = own.view(shape)[..., :block], left.view(shape[:-1] + (block,)), right.view(shape[:-1] + (block,))
@@ -220,12 +220,12 @@ def _hide_keys(own, left, right, keys, start, stop):
             right[:, :, index - 1].masked_fill_(hidden, float("-inf"))
 
 
-def _window_scores(queries, halo_keys, keys, start, stop):
+def _window_scores(queries, halo_keys, keys, start, stop, real):
     """The three score blocks ``(own, left, right)`` of every halo query block: ``own [rows·(blocks + 2), R,
     R + S]`` against its own key block and the ``S`` sink keys (``-inf`` where a sink is not exact for the
     block), ``left`` and ``right`` ``[rows·(blocks + 2), R, R]`` against the blocks before and after it;
-    ``-inf`` on keys that are not real. The first and last block of each row are padding (their rows are
-    not used)."""
+    ``-inf`` on keys that are not real (``real``: :func:`_real_keys`). The first and last block of each row are
+    padding (their rows are not used)."""
     total, block, _ = queries.shape
     own_keys = _with_sinks(halo_keys, keys, "keys")
     own = scratch("linearize.hybrid.own", (total, block, own_keys.shape[1]), queries.device)
@@ -236,7 +236,7 @@ def _window_scores(queries, halo_keys, keys, start, stop):
     torch.bmm(queries[:-1], halo_keys[1:].transpose(1, 2), out=right[:-1])
     left[0].fill_(float("-inf"))
     right[-1].fill_(float("-inf"))
-    _hide_keys(own, left, right, keys, start, stop)
+    _hide_keys(own, left, right, keys, real)
     if keys.sinks:
         exact = _exact_sinks(keys, start, stop)  # [B, blocks + 2, S]
         sink_scores = own.view(keys.heads, keys.batch, -1, block, own.shape[-1])[..., block:]
@@ -275,9 +275,10 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
     queries = _halo(q, keys, start, stop, keys.root, "linearize.hybrid.queries")
     halo_keys = _halo(keys.k, keys, start, stop, keys.root, "linearize.hybrid.halo_keys")
     halo_values = _halo(keys.v, keys, start, stop, 1.0, "linearize.hybrid.halo_values")
+    real = _real_keys(keys, start, stop)
     if keys.padded:
-        halo_values.mul_(_real_keys(keys, start, stop).repeat(keys.heads, 1, 1).view(-1, block, 1))
-    own, left, right = _window_scores(queries, halo_keys, keys, start, stop)
+        halo_values.mul_(real.repeat(keys.heads, 1, 1).view(-1, block, 1))
+    own, left, right = _window_scores(queries, halo_keys, keys, start, stop, real)
     top = torch.maximum(torch.maximum(own.amax(dim=-1, keepdim=True), left.amax(dim=-1, keepdim=True)),
                         right.amax(dim=-1, keepdim=True))
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -290,8 +291,9 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
     den = own.sum(dim=-1, keepdim=True).add_(left.sum(dim=-1, keepdim=True)).add_(right.sum(dim=-1, keepdim=True))
     phi = _query_features(queries, keys, feature_map, mask, start)  # [rows·(blocks + 2), R, D]
     linear = torch.bmm(phi, _outside_exact(keys, start, stop))  # numerator and normaliser in one product
-    num = num.addcmul_(linear[..., :-1], gamma.repeat_interleave(count + 2, 0)).view(rows, -1, num.shape[-1])
-    den = den.addcmul_(linear[..., -1:], gamma.repeat_interleave(count + 2, 0)).view(rows, -1, 1)
+    gamma = gamma.repeat_interleave(count + 2, 0)  # per halo block
+    num = num.addcmul_(linear[..., :-1], gamma).view(rows, -1, num.shape[-1])
+    den = den.addcmul_(linear[..., -1:], gamma).view(rows, -1, 1)
     num, den = num.add_(keys.bias), guard_denominator(den.add_(eps), eps)
     size = stop - start
     num = num.view(keys.heads, keys.batch, -1, num.shape[-1])[:, :, block:block + size]

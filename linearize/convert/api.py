@@ -9,6 +9,7 @@ and the ``linearize`` config block (HF models also their self-contained remote c
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from pathlib import Path
 
@@ -252,9 +253,14 @@ def revert_layers(model, layers):
     hybrid = record.hybrid or {}
     convert(model, record.method, layers=keep, source=record.source, window=hybrid.get("window"),
             sinks=",".join(hybrid["sinks"]) if hybrid.get("sinks") else None, gamma=hybrid.get("gamma"),
-            **record.options)
+            convert_sliding_window=bool(set(keep) & set(record.sliding_window_layers)), **record.options)
     for layer, fm in feature_maps_of(model).items():
         fm.load_state_dict(trained[layer])
+    # what the first conversion did beyond the attention (positions extended, images resized, the source's
+    # sentence-transformers files) stays done: its record says so, not a second conversion's
+    kept = {name: getattr(record, name) for name in ("max_length", "position_init", "image_size",
+                                                     "sentence_transformers_files")}
+    backend_for(model).store_record(model, dataclasses.replace(conversion_record(model), **kept))
     return model
 
 
