@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import linearize
 from linearize.attention import create_feature_map
 from linearize.attention import hybrid
-from linearize.attention.core import kernel_matrix, softmax_attention_weights
+from linearize.attention.core import feature_maps, kernel_matrix, softmax_attention_weights
 from linearize.attention.hybrid import (hybrid_attention, hybrid_attention_weights, hybrid_quadratic_attention,
                                         parse_sinks, sink_positions)
 from linearize.cli import app
@@ -726,6 +726,27 @@ def test_timm_vit_with_a_window_converts_saves_and_loads(tmp_path):
 
 
 # ---- 7. stage 1 -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, opts", METHOD_CASES, ids=CASE_IDS)
+def test_block_rows_equal_the_references_rows_and_gradients(name, opts):
+    """Stage 1's rows (exact part formed on the window's columns and the sinks only) against the naive
+    N×N reference, for row blocks at every offset, every window and sink choice, with padding."""
+    q, k, _ = qkv(n=37, seed=21)
+    q.requires_grad_(True)
+    for radius, sinks, pad in [(4, ("first", "last"), "right"), (5, ("first",), "left"), (0, ("last",), "right"),
+                               (3, (), "none"), (16, ("first", "last"), "left")]:
+        fm = make(name, opts).make_hybrid(radius, ",".join(sinks) or "none", gamma=0.6)
+        mask = padding(pad, n=37)
+        expected = fm.attention_weights(q, k, mask)
+        phi_q, phi_k, key_mask = feature_maps(q, k, fm, mask)
+        for start, stop in [(0, 9), (9, 21), (21, 37), (6, 7)]:
+            got = fm.block_rows(q[:, :, start:stop], k, phi_q[:, :, start:stop], phi_k, key_mask, start)
+            torch.testing.assert_close(got, expected[:, :, start:stop], atol=1e-6, rtol=1e-5)
+            weight = torch.randn_like(got)
+            e_grad, = torch.autograd.grad((expected[:, :, start:stop] * weight).sum(), q, retain_graph=True)
+            g_grad, = torch.autograd.grad((got * weight).sum(), q, retain_graph=True)
+            torch.testing.assert_close(g_grad, e_grad, atol=1e-5 * max(1.0, e_grad.abs().max().item()), rtol=1e-4)
+
 
 @pytest.mark.parametrize("name", ["hedgehog", "luna"])
 def test_blockwise_stage1_loss_and_gradients_equal_the_one_shot_ones(name):

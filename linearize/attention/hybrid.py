@@ -143,12 +143,49 @@ def hybrid_rows(scores, kappa, exact, gamma, key_mask, eps=DEFAULT_EPS):
 def hybrid_block_rows(q, k, phi_q, phi_k, key_mask, start, radius, sinks, gamma, scale=None, eps=DEFAULT_EPS):
     """The hybrid rows ``[B,H,b,N]`` of the query rows ``start .. start + b`` (``q [B,H,b,d]`` and their
     features ``phi_q``) against every key (``k``, ``phi_k`` from ``core.feature_maps``, ``key_mask
-    [B,N]``): what stage 1 distils, block by block (``linearize.distill.blockwise``)."""
+    [B,N]``): what stage 1 distils, block by block (``linearize.distill.blockwise``). Equal to the rows of
+    :func:`hybrid_attention_weights` (the reference: :func:`hybrid_rows` over :func:`exact_set`), but the
+    scores, their exp and the exact-set mask are formed only where a row can have exact keys: the
+    columns of the rows' key blocks (:func:`window_columns`) and the sinks; the kernel part spans every key."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
-    kappa = phi_q @ phi_k.transpose(-1, -2)
+    seq, radius = k.shape[2], int(radius)
     rows = torch.arange(start, start + q.shape[2], device=q.device)
-    return hybrid_rows(scores, kappa, exact_set(rows, k.shape[2], radius, sinks, key_mask), gamma, key_mask, eps)
+    key_real = key_mask.bool()
+    linear = (phi_q * gamma.to(phi_q.dtype)[None, :, None, None]) @ phi_k.transpose(-1, -2)  # γ_h κ_ij, γ on b×D
+    lo, hi = window_columns(start, q.shape[2], seq, radius)
+    parts = []  # (masked scores, exact mask) of the window's columns, then of the sinks
+    if hi > lo:
+        cols = torch.arange(lo, hi, device=q.device)
+        inside = (rows[:, None] // radius - cols[None, :] // radius).abs() <= 1  # [b, W]
+        exact = (inside[None] & key_real[:, None, lo:hi])[:, None]  # [B,1,b,W]
+        parts.append((q.float() @ k[:, :, lo:hi].float().transpose(-1, -2) * scale, exact))
+    if sinks:
+        positions, valid = sink_positions(key_mask, k.shape[0], seq, sinks, q.device)  # [B,S]
+        sink_k = k.gather(2, positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
+        in_window = ((rows[None, :, None] // max(radius, 1) - positions[:, None, :] // max(radius, 1)).abs() <= 1
+                     ) & (radius > 0)  # [B,b,S]: already exact as part of the window
+        parts.append((q.float() @ sink_k.float().transpose(-1, -2) * scale, (valid[:, None, :] & ~in_window)[:, None]))
+    if parts:
+        masked = [scores.masked_fill(~exact, float("-inf")) for scores, exact in parts]
+        top = _finite(torch.cat([m.amax(dim=-1, keepdim=True) for m in masked], dim=-1).amax(dim=-1, keepdim=True))
+        soft = [torch.exp(m - top) for m in masked]  # 0 outside the exact set
+        if hi > lo:
+            linear[..., lo:hi] = torch.where(parts[0][1], soft[0], linear[..., lo:hi])
+        if sinks:
+            index = positions[:, None, None, :].expand(-1, linear.shape[1], linear.shape[2], -1)
+            exact = parts[-1][1]  # the sinks outside the window: their kernel term becomes the exact weight
+            linear = linear.scatter_add(-1, index, torch.where(exact, soft[-1] - linear.gather(-1, index), 0.0))
+    n_real = key_mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]
+    weights = linear + (eps / n_real) * key_mask[:, None, None, :]
+    return weights / guard_denominator(weights.sum(dim=-1, keepdim=True), eps)
+
+
+def window_columns(start, rows, seq, radius):
+    """``(lo, hi)``: the key columns in the window of any of the query rows ``start .. start + rows``
+    (their blocks of ``radius`` tokens and the neighbouring ones); ``(0, 0)`` without a window."""
+    if radius <= 0:
+        return 0, 0
+    return max(0, (start // radius - 1) * radius), min(seq, ((start + rows - 1) // radius + 2) * radius)
 
 
 def check_self_attention(q, k):
@@ -164,7 +201,10 @@ def hybrid_attention_weights(q, k, feature_map, radius, sinks=(), gamma=None, ke
     check_self_attention(q, k)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     gamma = torch.ones(q.shape[1], device=q.device) if gamma is None else gamma
-    return hybrid_block_rows(q, k, phi_q, phi_k, mask, 0, radius, parse_sinks(sinks), gamma, scale, eps)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    exact = exact_set(torch.arange(q.shape[2], device=q.device), k.shape[2], radius, parse_sinks(sinks), mask)
+    return hybrid_rows(scores, phi_q @ phi_k.transpose(-1, -2), exact, gamma, mask, eps)
 
 
 def hybrid_quadratic_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_padding_mask=None,
