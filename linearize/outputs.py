@@ -379,7 +379,9 @@ def locked_output(path, *, option="--out", command=None, lock=True):
         file_lock.acquire()
     except filelock.Timeout:
         held_by = holder_path.read_text(encoding="utf-8", errors="replace").strip() if holder_path.exists() else ""
-        raise LinearizeError(f"{path} is being written by another linearize process ({held_by or 'holder unknown'}); "
+        who = "another writer in this process" if held_by.startswith(f"pid {os.getpid()} ") else \
+            "another linearize process"
+        raise LinearizeError(f"{path} is being written by {who} ({held_by or 'holder unknown'}); "
                              f"wait until it ends, or choose another {option}") from None
     try:
         holder_path.write_text(lock_holder(command) + "\n", encoding="utf-8")

@@ -41,6 +41,7 @@ runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
 AS_ROOT = os.geteuid() == 0
 LOCKED = "is being written by another linearize process"
+LOCKED_HERE = "is being written by another writer in this process"  # the holder is this process (its pid)
 DISTILL = "distill {ws}/tiny --method hedgehog --task files --train-file {ws}/train.csv --max-length 16 " \
           "--eval-batches 1 --out {out}"
 
@@ -294,7 +295,7 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(ws, tmp_path, 
         (out / "kept.txt").parent.mkdir()
         (out / "kept.txt").write_text("the first writer's")
         code, lines = invoke(*command.format(ws=ws, out=out).split())
-        one_error(code, lines, f"{out} {LOCKED} (pid {os.getpid()} on ", "linearize distill ... --seed 1",
+        one_error(code, lines, f"{out} {LOCKED_HERE} (pid {os.getpid()} on ", "linearize distill ... --seed 1",
                   "wait until it ends, or choose another --out")
         assert (out / "kept.txt").read_text() == "the first writer's"
     assert hidden(tmp_path) == []  # the lock file goes with the lock
@@ -345,7 +346,7 @@ def test_a_library_writer_called_from_python_is_refused_a_held_folder(ws, tmp_pa
         with pytest.raises(LinearizeError) as refused:
             library_writers()[writer](ws, out)
     message = str(refused.value)
-    assert message.startswith(f"{out} {LOCKED} (pid {os.getpid()} on ") and "linearize distill ... --seed 1" in message
+    assert message.startswith(f"{out} {LOCKED_HERE} (pid {os.getpid()} on ") and "linearize distill ... --seed 1" in message
     assert hidden(tmp_path) == [] and not out.exists()
 
 
@@ -376,7 +377,7 @@ def test_two_library_converts_into_one_folder_the_second_is_refused_the_first_su
         tried.set()
         thread.join(300)
     message = str(refused.value)
-    assert message.startswith(f"{out} {LOCKED} (pid {os.getpid()} on ") and "\n" not in message
+    assert message.startswith(f"{out} {LOCKED_HERE} (pid {os.getpid()} on ") and "\n" not in message
     assert "convert_checkpoint() called by " in message
     assert message.endswith("wait until it ends, or choose another --out")
     assert first["info"]["method"] == "relu" and '"method": "relu"' in (out / "config.json").read_text()

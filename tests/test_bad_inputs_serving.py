@@ -183,19 +183,41 @@ def test_output_attentions_is_not_saved_so_linearize_load_reads_the_folder(conve
     torch.testing.assert_close(first_output(model, batch), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_linearize_load_takes_config_flags_and_says_where_output_attentions_goes(converted):
+def test_linearize_load_takes_config_flags_output_attentions_too(converted):
     """``linearize.load(dir, output_hidden_states=True)`` sets the flag on the model's config (it was a
-    TypeError from the model's constructor); ``output_attentions=True`` at load is one line pointing to the
-    call (transformers' config takes it with eager attention only), and at the call it gives the rows."""
-    batch, _, _ = torch.load(converted["batch"])
+    TypeError from the model's constructor); ``output_attentions=True`` at load gives the attention rows of
+    every layer (it was refused: transformers' config takes it with eager attention only), and the
+    outputs stay the converted model's."""
+    batch, expected, _ = torch.load(converted["batch"])
     model = linearize.load(converted["folder"], output_hidden_states=True)
     with torch.no_grad():
         out = model(**batch)
         assert len(out.hidden_states) == model.config.num_hidden_layers + 1
         rows = model(**batch, output_attentions=True).attentions
     assert len(rows) == model.config.num_hidden_layers and rows[0].shape[-1] == rows[0].shape[-2]
-    with pytest.raises(LinearizeError, match=r"takes no output_attentions: .*model\(\*\*inputs, output_attentions"):
-        linearize.load(converted["folder"], output_attentions=True)
+    attending = linearize.load(converted["folder"], output_attentions=True)
+    with torch.no_grad():
+        out = attending(**batch)
+    assert len(out.attentions) == model.config.num_hidden_layers
+    torch.testing.assert_close(out.attentions[0], rows[0])
+    torch.testing.assert_close(first_output(attending, batch), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_output_attentions_set_on_an_in_memory_converted_models_config(converted):
+    """``model.config.output_attentions = True`` on the model ``linearize.convert`` returns raised
+    transformers' "set it to 'eager'" error; it now gives the rows, and the flag is not saved."""
+    batch, _, _ = torch.load(converted["batch"])
+    model = linearize.convert(build("bert"), "hedgehog")
+    model.eval()
+    model.config.output_attentions = True
+    with torch.no_grad():
+        rows = model(**batch).attentions
+    assert len(rows) == model.config.num_hidden_layers and rows[0].shape[-1] == rows[0].shape[-2]
+    assert model.config.to_dict()["output_attentions"] is False
+    with pytest.raises(LinearizeError, match="would replace this converted model's"):
+        model.set_attn_implementation("eager")
+    reverted = linearize.revert(model)
+    assert type(reverted.config).__name__ == "BertConfig"
 
 
 def test_remote_code_refuses_an_engines_own_implementation_set_on_the_config(remote):

@@ -19,6 +19,7 @@ from . import hf_attention
 from . import hf_remote_code as remote_code
 
 _SUBCLASSES = {}
+_CONFIG_SUBCLASSES = {}
 
 
 def _version():
@@ -73,6 +74,7 @@ class HFBackend:
 
     def attach(self, model, method, layers, options, hybrid=None):
         _own_config(model)
+        model.config.__class__ = linearized_config_class(type(model.config))
         head_dim, num_heads = hf_attention.head_geometry(model.config)
         hf_attention.register_attention_backend()
         hf_attention.attach_feature_maps(self.attention_modules(model), method, set(layers), options, head_dim,
@@ -90,6 +92,7 @@ class HFBackend:
         for _, module in hf_attention.attention_modules(model):
             hf_attention.detach_feature_map(module)
         model.__class__ = getattr(type(model), "_linearize_base", type(model))
+        model.config.__class__ = getattr(type(model.config), "_linearize_base", type(model.config))
         if record is not None:
             del model.config.linearize
             model.set_attn_implementation(record.previous_attn_implementation or "sdpa")
@@ -101,14 +104,12 @@ class HFBackend:
         import transformers
 
         config = _base_config(data, record)
+        config.__class__ = linearized_config_class(type(config))  # takes output_attentions=True
         base = getattr(transformers, record.architecture or "", None)
         if base is None:
             raise LinearizeError(f"transformers {transformers.__version__} has no class {record.architecture!r}; "
                                  "upgrade transformers")
         check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
-        if kwargs.get("output_attentions"):  # transformers' config allows the flag with eager attention only
-            raise LinearizeError("linearize.load takes no output_attentions: ask for the attention rows at the call, "
-                                 "model(**inputs, output_attentions=True)")
         for name in CONFIG_KWARGS:  # what transformers would set on a config it loads itself: here on ours
             if name in kwargs:
                 setattr(config, name, kwargs.pop(name))
@@ -143,6 +144,17 @@ def linearized_hf_class(base):
     return _SUBCLASSES[base]
 
 
+def linearized_config_class(base):
+    """A subclass of a transformers config class that takes ``output_attentions=True`` with linearize's
+    attention (``hf_attention.LinearAttentionConfig``; transformers' own rule allows it with ``eager``
+    only): a converted model's config, in memory (``convert``) and loaded (``linearize.load``)."""
+    base = getattr(base, "_linearize_base", base)
+    if base not in _CONFIG_SUBCLASSES:
+        _CONFIG_SUBCLASSES[base] = type(f"Linearize{base.__name__}", (hf_attention.LinearAttentionConfig, base),
+                                        {"_linearize_base": base, "__module__": __name__})
+    return _CONFIG_SUBCLASSES[base]
+
+
 def _save_pretrained(self, save_directory, *args, **kwargs):
     """``save_pretrained`` plus the ``linearize`` config block, own model type and remote code."""
     base = type(self)._linearize_base
@@ -158,7 +170,7 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     base.save_pretrained(self, save_directory, *args, **kwargs)
     record = ConversionRecord.from_config(self.config)
     auto_map = remote_code.write_remote_code(save_directory, record.base_model_type,
-                                             type(self.config).__name__, _version())
+                                             type(self.config)._linearize_base.__name__, _version())
     path = Path(save_directory) / "config.json"
     data = json.loads(path.read_text())
     data["model_type"] = remote_code.model_type_for(record.base_model_type)
