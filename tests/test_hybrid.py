@@ -482,10 +482,12 @@ def test_make_hybrid_settings_and_errors():
 
 def test_gamma_starts_at_the_methods_measured_value_unless_given():
     """γ's start defaults to the method's ``initial_gamma`` (measured before training: Hedgehog 0.1, T2R 0.03,
-    DARKFormer 10; docs/experiments/hybrid), in the feature map and through ``convert``; a given γ wins."""
+    DARKFormer 10, Performer 10, Flexformer-n 0.03, Flexformer-s 3; docs/experiments/hybrid), in the feature
+    map and through ``convert``; a given γ wins."""
     from linearize.convert.api import hybrid_settings
 
-    for name, start in (("hedgehog", 0.1), ("t2r", 0.03), ("darkformer", 10.0), ("elu", 0.1)):
+    for name, start in (("hedgehog", 0.1), ("t2r", 0.03), ("darkformer", 10.0), ("performer", 10.0),
+                        ("flexformer-n", 0.03), ("flexformer-s", 3.0), ("luna", 0.1), ("elu", 0.1)):
         torch.testing.assert_close(make(name).make_hybrid(4).hybrid_gamma(), torch.full((H,), start))
         assert hybrid_settings(4, "first", None, name)["gamma"] == pytest.approx(start)
     assert hybrid_settings(4, "first", 0.5, "t2r")["gamma"] == 0.5

@@ -225,8 +225,8 @@ class FeatureMap(nn.Module):
     window: int = 0
     sinks: tuple = ()
     #: γ's start in hybrid attention when none is given: the best single γ before training with a window and a
-    #: sink, measured per method (docs/experiments/hybrid, "γ at initialisation"); 0.1 (Hedgehog's) where not
-    #: measured yet
+    #: sink, measured per method (docs/experiments/hybrid, "γ at initialisation"); 0.1 (Hedgehog's) for the
+    #: maps that set none (measured: Hedgehog, LUNA; not measured: the fixed maps, cosFormer)
     initial_gamma: float = 0.1
 
     def __init__(self, head_dim, num_heads=1, **options):
