@@ -439,6 +439,14 @@ class RunConfig(Config):
         method_settings(self.method, options_for(self.method, self.options))  # the run's own method
         for name in sorted(set(self.options) & set(methods())):  # a block keyed by another method: that method's
             method_settings(name, self.options[name])
+        if self.task is not None:  # a data option the task does not read, a data file that is not there
+            from .data import check_task_options, task_kind
+
+            data = self.data
+            check_task_options(self.task, task_kind(self.task, data.train_file), {
+                "data_dir": data.data_dir, "data_file": data.data_file, "train_file": data.train_file,
+                "validation_file": data.validation_file, "test_file": data.test_file,
+                "text_pair_column": data.text_pair_column, "label_column": data.label_column})
         return self
 
 

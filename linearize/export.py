@@ -24,6 +24,7 @@ text-embeddings-inference's CPU (onnxruntime) image read, beside the pooling the
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from pathlib import Path
 
@@ -129,9 +130,13 @@ def export(directory, out=None, format="onnx", check=True, overwrite=False, log=
         raise LinearizeError(f"unknown export format {format!r}; supported: {', '.join(FORMATS)}")
     require_onnx(check)
     directory = converted_folder(directory)  # the folder itself, or a run folder's model/
+    named = str(out) if out is not None else None
     out = Path(out).expanduser() if out is not None else default_output(directory)
-    if out.is_dir():
-        raise LinearizeError(f"--out {out} is a folder; give a file name, e.g. --out {out / 'model.onnx'}")
+    if out.is_dir() or (named is not None and named.endswith(("/", os.sep))):
+        raise LinearizeError(f"--out {named or out} is a folder; give a file name, e.g. --out {out / 'model.onnx'}")
+    if out.suffix.lower() != ".onnx":
+        raise LinearizeError(f"--out {out} is not an .onnx file name; give one, e.g. --out {out / 'model.onnx'} "
+                             f"(a folder) or --out {out.with_suffix('.onnx')}")
     if out.exists() and not overwrite:
         raise LinearizeError(f"{out} exists; pass --overwrite to replace it")
     check_output_file(out)  # a place the file cannot be written is one line now, not after the export

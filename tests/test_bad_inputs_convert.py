@@ -254,13 +254,19 @@ DISTILL = "distill {ws}/luna --task files --out {ws}/outs/distill --train-file {
     ("--method hedgehog", "so method 'hedgehog' cannot take effect"),  # distilled LUNA silently
     ("--layers 0", "so layers [0] cannot take effect"),
     ("-o projections=16", "so options projections=16 cannot take effect"),
-    ("-o feature_dim=8", "so options feature_dim=8 cannot take effect"),
     ("--method luna --layers 0,1 -o channels=2", "so options channels=2 cannot take effect"),
 ])
 def test_distill_refuses_a_conversion_that_differs_from_the_folders(ws, args, fragment):
     line = _one_line_error(DISTILL + args, ws, fragment)
     assert "is already converted to luna (layers [0, 1], projections=4)" in line
     assert line.endswith(f"or convert its softmax source ({ws}/tiny) with {fragment[3:-len(' cannot take effect')]}")
+
+
+def test_distill_with_an_option_the_folders_method_lacks_says_so(ws):
+    """``-o feature_dim=8`` on a LUNA folder was refused as a difference to re-convert with, but that
+    conversion fails too (feature_dim is Hedgehog's option, not LUNA's): the one line says so."""
+    line = _one_line_error(DISTILL + "-o feature_dim=8", ws, "unknown option(s) 'feature_dim' for method 'luna'")
+    assert "valid options: projections, channels" in line
 
 
 def test_distill_accepts_the_folders_own_conversion(ws):

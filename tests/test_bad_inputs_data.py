@@ -156,6 +156,19 @@ def test_refused_in_one_line_before_anything_trains(ws, monkeypatch, case, comma
     nothing_trained(ws, out)
 
 
+@pytest.mark.parametrize("command", ["run {ws}/movie.yaml --out {out} --train-file ./nope.csv",
+                                     "run {ws}/movie.yaml --out {out} --task files --train-file ./nope.csv"])
+def test_a_data_option_is_refused_with_the_configuration_before_the_run_folder(ws, monkeypatch, command):
+    """The refusal came after ``[1/6] data`` and left an empty ``--out`` behind: it is now part of the
+    configuration's check (``RunConfig.validate``), before any stage and before the folder is made."""
+    out = ws / "outs" / "before-the-folder"
+    monkeypatch.chdir(ws)
+    result = runner.invoke(app, shlex.split(command.format(ws=ws, out=out)))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert not out.exists()
+
+
 #: (task, the option given, what the error says): every kind of task refuses what it does not read
 NOT_READ = [
     ("moviereviews", "train_file", "pass --task files"),

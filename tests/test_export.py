@@ -143,6 +143,15 @@ def test_unknown_format_and_a_folder_as_out(tmp_path):
     assert code == 1 and text == "error: unknown export format 'tflite'; supported: onnx"
     code, text = invoke(tmp_path / "m", "--out", tmp_path)
     assert code == 1 and "is a folder; give a file name" in text
+    # a new folder named with a trailing slash, or a name without .onnx: refused in one line, nothing written
+    # (both were written as a model file of that name, exit 0)
+    code, text = invoke(tmp_path / "m", "--out", f"{tmp_path / 'new'}/")
+    assert code == 1 and f"e.g. --out {tmp_path / 'new' / 'model.onnx'}" in text and len(text.splitlines()) == 1
+    with pytest.raises(LinearizeError, match=r"new/ is a folder; give a file name, e\.g\. --out .*new/model\.onnx"):
+        export(str(tmp_path / "m"), f"{tmp_path / 'new'}/")  # the Python API sees the slash
+    code, text = invoke(tmp_path / "m", "--out", tmp_path / "onnxdir")
+    assert code == 1 and "is not an .onnx file name; give one, e.g. --out" in text and len(text.splitlines()) == 1
+    assert not (tmp_path / "new").exists() and not (tmp_path / "onnxdir").exists()
 
 
 @pytest.mark.parametrize("missing", ["onnxscript", "onnxruntime"])

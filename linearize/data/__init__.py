@@ -167,9 +167,9 @@ def check_task_options(name, kind, options):
                              f"or leave it out (--set data.{option}= unsets a recipe's)")
     for option in FILE_OPTIONS:
         path = options.get(option)
-        if path is not None and not Path(path).exists():
+        if path is not None and not Path(path).expanduser().exists():
             raise LinearizeError(f"{option_flag(option)} {path}: no such file; check the path")
-        if path is not None and Path(path).is_dir() and option != "data_file":
+        if path is not None and Path(path).expanduser().is_dir() and option != "data_file":
             raise LinearizeError(f"{option_flag(option)} {path} is a folder; pass a CSV/TSV/JSON(L) file")
 
 
@@ -183,7 +183,8 @@ def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, vali
     kind = task_kind(key, train_file)
     check_task_options(key, kind, {"data_dir": data_dir, "data_file": data_file, "train_file": train_file,
                                    "validation_file": validation_file, "test_file": test_file,
-                                   "text_pair_column": text_pair_column, "label_column": label_column})
+                                   "text_pair_column": text_pair_column, "label_column": label_column})  # a run's
+    # configuration was checked so already (RunConfig.validate); a direct call is checked here
     if is_regression and kind not in ("files", "hub"):
         raise LinearizeError(f"task {key!r} has its own labels: data.regression applies to --task files or a Hub "
                              "data set only")

@@ -120,13 +120,15 @@ def check_same_conversion(model, method=None, layers=None, options=None, hybrid=
     ``options`` or hybrid setting (``hybrid``: ``{window, sinks, gamma}`` given) that differ from its
     own could not take effect, so they are a one-line error (the same values, or none, pass). Checked
     before anything loads."""
-    from ..attention.feature_maps import method_options
+    from ..attention.feature_maps import check_method_options, method_options
     from ..convert.loading import resolve_model_name
 
     path = Path(resolve_model_name(model)) if isinstance(model, (str, Path)) else None
     record = _folder_record(path)
     if record is None:
         return
+    if options:  # an option the method does not have is that, not a difference a re-conversion would make
+        check_method_options(method or record.method, options)
     defaults = method_options(record.method) if method in (None, record.method) else {}
     differs = []
     if method is not None and method != record.method:
