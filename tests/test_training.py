@@ -548,6 +548,9 @@ def test_stage1_that_raises_the_attention_kl_is_flagged():
     assert stage1_module.stage1_warning("luna", before, {"0": {"kl": float("nan")}}) is None
     at_teacher = {"0": {"kl": 0.0}}
     assert stage1_module.stage1_warning("luna", at_teacher, at_teacher) is None
+    # a hybrid whose window covers every input is exact softmax: rounding leaves a KL of ~1e-7 (it warned)
+    rounding = {"0": {"kl": 2e-7}}
+    assert stage1_module.stage1_warning("luna", rounding, {"0": {"kl": 3e-7}}) is None
 
 
 def test_micro_batches_group_an_epoch_into_optimizer_steps():

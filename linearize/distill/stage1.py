@@ -156,6 +156,11 @@ def attention_distances(model, loader, max_batches=None, device=None, block_size
     return recorder.per_layer()
 
 
+#: a mean attention KL (nats) at or below which the student's rows are the teacher's up to rounding: e.g. a hybrid
+#: whose window covers every input (exact softmax), which stage 1 has nothing to teach
+EXACT_KL = 1e-3
+
+
 def stage1_warning(method, before, after):
     """A one-line warning when stage 1 left the mean attention KL (over layers) no lower than a
     positive start, i.e. the map did not learn the teacher's attention; ``None`` otherwise."""
@@ -164,7 +169,7 @@ def stage1_warning(method, before, after):
     if not kl_before or not kl_after:
         return None
     b, a = sum(kl_before) / len(kl_before), sum(kl_after) / len(kl_after)
-    if not (a >= b > 0):  # None for NaN too, and for a start already at the teacher's attention
+    if not (a >= b > EXACT_KL):  # None for NaN too, and for a start already at the teacher's attention
         return None
     return (f"stage 1 did not lower the attention KL ({b:.3f} -> {a:.3f}): {method}'s map did not learn this "
             "teacher's attention; try a lower --lr, more epochs, or another method")
