@@ -338,3 +338,23 @@ def test_a_feature_map_probes_its_own_figure_data():
     grid = torch.tensor(probe["grid"])
     torch.testing.assert_close(torch.tensor(probe["psi"]), luna.psi_mlp(grid).detach())
     assert create_feature_map("hedgehog", 16, 2).probe(inputs) is None
+
+
+def test_the_luna_figure_of_a_hybrid_whose_window_covers_the_batch_is_left_out():
+    """A hybrid LUNA whose window covers every input runs exact softmax (SDPA): its maps see no input, and
+    the figure data raised (torch.cat of nothing) at the end of a finished run; those layers have no figure,
+    a batch longer than the window has its figure."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    import linearize
+    from linearize.pipeline.measurements import luna_channels
+    from tiny_models import build, inputs
+
+    torch.manual_seed(0)
+    student = linearize.convert(build("bert"), "luna", window=16, sinks="first")
+    short = inputs("bert", batch=2, seq=12)
+    assert luna_channels(student, DataLoader([short], batch_size=None)) == []
+    long = inputs("bert", batch=2, seq=40)
+    figures = luna_channels(student, DataLoader([long], batch_size=None))
+    assert [entry["layer"] for entry in figures] == [0, 1] and all(entry["psi"] for entry in figures)

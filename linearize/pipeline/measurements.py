@@ -108,7 +108,8 @@ def luna_channels(student, loader):
     finally:
         for hook in hooks:
             hook.remove()
-    probes = [(i, maps[i].probe(inputs[i])) for i in chosen]
+    # a layer whose map saw no input (a hybrid whose window covers the batch runs exact softmax) has no figure
+    probes = [(i, maps[i].probe(inputs[i])) for i in chosen if inputs[i]]
     return [{"layer": i, **data} for i, data in probes if data is not None]
 
 
