@@ -155,9 +155,11 @@ def summarize(results):
     teacher_scores = [r.scores_of("teacher")[metric] for reports in results.values() for r in reports[:1]]
     teacher_by_seed = {r.seeds["seed"]: r.scores_of("teacher")[metric] for reports in results.values() for r in reports}
     mean, std = _mean_std(list(teacher_by_seed.values()) or teacher_scores)
+    others = [name for name in first.metric_names if name != metric]  # e.g. top-10 overlap, the document scores
+    lengths = sorted({row.seq_len for reports in results.values() for r in reports for row in r.latency.at_lengths})
     rows = [{"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
              "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None,
-             "seeds": len(teacher_by_seed)}]
+             "others": _other_scores(results, "teacher", others), "seeds": len(teacher_by_seed)}]
     for label, reports in results.items():
         metric_mean, metric_std = _mean_std([r.scores_of("student")[metric] for r in reports])
         rec_mean, rec_std = _mean_std([r.recovery().per_metric.get(metric) for r in reports])
@@ -169,9 +171,23 @@ def summarize(results):
                      "teacher_latency_ms": _mean_std([r.latency.teacher_ms for r in reports])[0],
                      "seconds_mean": _mean_std([r.timing.stage1_seconds + r.timing.stage2_seconds
                                                 for r in reports])[0],
+                     "others": _other_scores({label: reports}, "student", others),
+                     "speedups": {str(n): _mean_std([row.speedup for r in reports for row in r.latency.at_lengths
+                                                     if row.seq_len == n])[0] for n in lengths},
                      "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports)})
     return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
-            "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe.get("name")}
+            "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe.get("name"),
+            "other_metrics": others, "speedup_lengths": lengths}
+
+
+def _other_scores(results, stage, names):
+    """``{metric: [mean, std]}`` over the runs of ``results`` of ``stage``'s scores (the teacher's once per seed)
+    on the report split, for the metrics ``names`` beside the primary one."""
+    if stage == "teacher":
+        runs = list({r.seeds["seed"]: r for reports in results.values() for r in reports}.values())
+    else:
+        runs = [r for reports in results.values() for r in reports]
+    return {name: list(_mean_std([r.scores_of(stage).get(name) for r in runs])) for name in names}
 
 
 def render(table):
@@ -182,17 +198,20 @@ def render(table):
             return "—"
         return fmt.format(mean) + (f" ± {fmt.format(std)}" if std else "")
 
+    others, lengths = table.get("other_metrics", []), table.get("speedup_lengths", [])
     header = [f"{table['model']} on {table['task']}", f"{table['metric']} ({table['split']})", "recovery %",
-              "attention KL after stage 1", "params added", f"latency ms (N={table['latency_seq_len']})",
-              "conversion time s", "seeds"]
+              *others, "attention KL after stage 1", "params added", f"latency ms (N={table['latency_seq_len']})",
+              *(f"speed-up at {n:,}" for n in lengths), "conversion time s", "seeds"]
     rows = []
     for row in table["rows"]:
         params = f"{row['parameters_added']:,}" + (f" ({row['parameters_added_percent']:.2f}%)"
                                                     if row.get("parameters_added_percent") else "")
+        speedups = [cell(row.get("speedups", {}).get(str(n)), None, "{:.2f}×") for n in lengths]
         rows.append([row["row"], cell(row["metric_mean"], row["metric_std"]),
-                     cell(row["recovery_mean"], row["recovery_std"], "{:.1f}"), cell(row["kl_mean"], None), params,
-                     cell(row["latency_ms"], None, "{:.1f}"), cell(row.get("seconds_mean"), None, "{:.0f}"),
-                     row["seeds"]])
+                     cell(row["recovery_mean"], row["recovery_std"], "{:.1f}"),
+                     *(cell(*row.get("others", {}).get(name, (None, None))) for name in others),
+                     cell(row["kl_mean"], None), params, cell(row["latency_ms"], None, "{:.1f}"), *speedups,
+                     cell(row.get("seconds_mean"), None, "{:.0f}"), row["seeds"]])
     lines = [markdown_table(header, rows)]
     kept = [f"{row['row']} ({row['stage1_kept']} of {row['seeds']})" for row in table["rows"] if row.get("stage1_kept")]
     if kept:

@@ -218,3 +218,32 @@ def test_the_report_reads_writes_and_renders_the_selection():
     assert table["rows"][1]["stage1_kept"] == 1
     assert "Stage 2 kept the stage-1 model (no stage-2 epoch beat it on the dev split) in: luna + stage 1 (1 of 2) " \
            "seeds." in render(table)
+
+
+def test_the_comparison_table_gives_every_score_and_the_speed_up_at_the_longer_lengths():
+    """``compare.md`` gave the primary metric only: an embedding comparison lost its top-10 overlap and its
+    document scores (issue 34, item 4), and the long-length speed-ups of each run's report were not tabulated."""
+    from linearize.compare import render, summarize
+    from test_report import full_report
+
+    def report(seed, cosine, doc, speedup):
+        data = dict(full_report(), seeds={"seed": seed})
+        data["task"] = dict(data["task"], name="embeddings", metric_names=["cosine", "top10_overlap"],
+                            primary_metric="cosine")
+        split = data["task"].get("report_split", "test")
+        teacher = {"cosine": 1.0, "top10_overlap": 1.0, "doc_cosine": 1.0}
+        data["scores"] = {"teacher": {split: teacher},
+                          "student": {split: {"cosine": cosine, "top10_overlap": 0.5, "doc_cosine": doc}}}
+        data["latency"] = dict(data["latency"], at_lengths=[{"seq_len": 2048, "teacher_ms": 2.0, "student_ms": 1.0,
+                                                             "speedup": speedup}])
+        return Report.from_json(data)
+
+    table = summarize({"luna": [report(0, 0.9, 0.8, 1.5), report(1, 0.94, 0.6, 1.7)]})
+    assert table["other_metrics"] == ["top10_overlap", "doc_cosine"] and table["speedup_lengths"] == [2048]
+    teacher, student = table["rows"]
+    assert teacher["others"]["doc_cosine"] == [1.0, 0.0]
+    assert student["others"]["doc_cosine"][0] == pytest.approx(0.7)
+    assert student["speedups"]["2048"] == pytest.approx(1.6)
+    markdown = render(table)
+    assert "| top10_overlap | doc_cosine |" in markdown and "| speed-up at 2,048 |" in markdown
+    assert "| 0.700 ± 0.141 |" in markdown and "| 1.60× |" in markdown
