@@ -104,18 +104,20 @@ class HFBackend:
         import transformers
 
         config = _base_config(data, record)
-        config.__class__ = linearized_config_class(type(config))  # takes output_attentions=True
         base = getattr(transformers, record.architecture or "", None)
         if base is None:
             raise LinearizeError(f"transformers {transformers.__version__} has no class {record.architecture!r}; "
                                  "upgrade transformers")
         check_weights(directory, allow_pickle=kwargs.pop("allow_pickle", False))
-        for name in CONFIG_KWARGS:  # what transformers would set on a config it loads itself: here on ours
-            if name in kwargs:
-                setattr(config, name, kwargs.pop(name))
-        want_info = kwargs.pop("output_loading_info", False)
+        flags = {name: kwargs.pop(name) for name in CONFIG_KWARGS if name in kwargs}  # transformers sets these on a
+        want_info = kwargs.pop("output_loading_info", False)                        # config it loads: here on ours
         model, info = linearized_hf_class(base).from_pretrained(directory, config=config, use_safetensors=True,
                                                                 output_loading_info=True, **kwargs)
+        # after construction: a class that builds its base model with AutoModel.from_config(config) finds only
+        # transformers' own config classes in its mapping
+        model.config.__class__ = linearized_config_class(type(model.config))  # takes output_attentions=True
+        for name, value in flags.items():
+            setattr(model.config, name, value)
         check_loading_info(directory, info)
         model.eval()
         return (model, info) if want_info else model
