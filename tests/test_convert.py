@@ -238,3 +238,29 @@ def test_bf16_converted_model_runs_finite():
     linearize.convert(model, "performer")
     out = first_output(model, inputs("bert"))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_a_converted_model_pickles_and_unpickles_in_a_fresh_process(tmp_path):
+    """``torch.save(model)`` / ``pickle`` of a converted model: its classes (``Linearize<Class>``, made at
+    conversion) are found by name, in a process that has converted nothing too, with the same outputs; the
+    config (which takes ``output_attentions=True``) pickles on its own."""
+    import pickle
+
+    model = linearize.convert(build("bert"), "hedgehog")
+    model.eval()
+    batch = inputs("bert")
+    with torch.no_grad():
+        expected = model(**batch).logits
+    assert type(pickle.loads(pickle.dumps(model.config))) is type(model.config)
+    torch.save({"model": model, "batch": batch, "expected": expected}, tmp_path / "model.pt")
+    script = textwrap.dedent(f"""
+        import torch
+        saved = torch.load({str(tmp_path / "model.pt")!r}, weights_only=False)
+        with torch.no_grad():
+            out = saved["model"](**saved["batch"]).logits
+        print(type(saved["model"]).__name__, type(saved["model"].config).__name__,
+              torch.allclose(out, saved["expected"], atol=1e-6))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["LinearizeBertForSequenceClassification", "LinearizeBertConfig", "True"]

@@ -140,9 +140,9 @@ def linearized_hf_class(base):
                 hf_attention.apply_linearize_config(self, block)
 
         bases = (hf_attention.LinearAttentionGuard, base)
-        _SUBCLASSES[base] = type(remote_code.remote_class_name(base.__name__), bases, {
+        _SUBCLASSES[base] = _module_class(type(remote_code.remote_class_name(base.__name__), bases, {
             "__init__": __init__, "save_pretrained": _save_pretrained, "_linearize_base": base,
-            "__module__": __name__})
+            "__module__": __name__}))
     return _SUBCLASSES[base]
 
 
@@ -152,9 +152,29 @@ def linearized_config_class(base):
     only): a converted model's config, in memory (``convert``) and loaded (``linearize.load``)."""
     base = getattr(base, "_linearize_base", base)
     if base not in _CONFIG_SUBCLASSES:
-        _CONFIG_SUBCLASSES[base] = type(f"Linearize{base.__name__}", (hf_attention.LinearAttentionConfig, base),
-                                        {"_linearize_base": base, "__module__": __name__})
+        _CONFIG_SUBCLASSES[base] = _module_class(type(f"Linearize{base.__name__}", (hf_attention.LinearAttentionConfig,
+                                                                                     base),
+                                                      {"_linearize_base": base, "__module__": __name__}))
     return _CONFIG_SUBCLASSES[base]
+
+
+def _module_class(cls):
+    """``cls``, made an attribute of this module, so pickle finds it by name (``torch.save(model)``)."""
+    globals()[cls.__name__] = cls
+    return cls
+
+
+def __getattr__(name):
+    """``Linearize<Class>`` of transformers' ``<Class>`` (a model or a config class), made on first use: what
+    unpickling a converted model or its config looks up in a process that has not converted one."""
+    import transformers
+
+    base = getattr(transformers, name[len("Linearize"):], None) if name.startswith("Linearize") else None
+    if isinstance(base, type):
+        hf_attention.register_attention_backend()  # what the unpickled model's attention calls
+        config = issubclass(base, transformers.PretrainedConfig)
+        return linearized_config_class(base) if config else linearized_hf_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _save_pretrained(self, save_directory, *args, **kwargs):
