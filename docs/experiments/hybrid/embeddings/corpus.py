@@ -7,6 +7,8 @@ split added to the training file (the 300 test reviews the document scores use a
     train.jsonl       the first 2,000 training sentences of seed 0's split (the recipe trains on 2,000)
                       + the 1,080 training reviews
     validation.jsonl  the 320 dev sentences (selection)
+    validation-with-reviews.jsonl  the same and the 120 dev reviews: a selection that sees documents (with sentences
+                      alone a hybrid whose window covers them is exact there, and its stage-1 model always wins)
     test.jsonl        the 800 test sentences (the sentence scores)
 
     PYTHONPATH=. python docs/experiments/hybrid/embeddings/corpus.py --out runs/embedding-corpus
@@ -36,7 +38,8 @@ def main():
     sentences = load_moviereviews(seed=0, dev_fraction=0.1)
     reviews = load_moviereviews(seed=0, dev_fraction=0.1, corpus=REVIEWS)
     train = list(sentences["train"]["text"][:args.sentences]) + list(reviews["train"]["text"])
-    splits = {"train": train, "validation": sentences["validation"]["text"], "test": sentences["test"]["text"]}
+    splits = {"train": train, "validation": sentences["validation"]["text"], "test": sentences["test"]["text"],
+              "validation-with-reviews": list(sentences["validation"]["text"]) + list(reviews["validation"]["text"])}
     args.out.mkdir(parents=True, exist_ok=True)
     for name, texts in splits.items():
         atomic_write_text(args.out / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
