@@ -441,6 +441,18 @@ def test_chunked_path_buffers_follow_changing_shapes(name, options):
             assert_matches_reference(fm, q, k, out, ref, key_mask)
 
 
+@pytest.mark.parametrize("rows, feature_dim", [(12, 64), (12, 128), (12, 32), (96, 64), (96, 128), (384, 64), (1, 8)])
+def test_default_chunk_is_a_power_of_two_within_both_caps(rows, feature_dim):
+    from linearize.attention.core import CHUNK_ELEMENTS, CHUNK_ROWS, chunk_tokens
+
+    tokens = chunk_tokens(rows, feature_dim, None)
+    assert tokens & (tokens - 1) == 0 and tokens >= 64
+    if tokens > 64:  # the floor of 64 tokens may pass the caps; above it neither is passed, and twice would
+        assert rows * tokens * feature_dim <= CHUNK_ELEMENTS and rows * tokens <= CHUNK_ROWS
+        assert rows * 2 * tokens * feature_dim > CHUNK_ELEMENTS or rows * 2 * tokens > CHUNK_ROWS
+    assert chunk_tokens(rows, feature_dim, 100) == 100  # a given size is kept
+
+
 def test_scratch_buffers_are_kept_per_thread_and_grow():
     import threading
 

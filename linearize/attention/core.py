@@ -187,9 +187,9 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     is ``φ(Q)·Σ φ(k_j)``, a batched matrix-vector product (see :func:`_normalised_output`).
 
     Inference (no gradient needed) with a chunkable map (``feature_map.chunkable``) runs over
-    the sequence in chunks of ``chunk_size`` tokens (default: about ``CHUNK_ELEMENTS`` feature
-    values per chunk): the same sums, but features and temporaries stay small and cache-resident,
-    in buffers reused from call to call (:func:`scratch`), so the extra memory is O(chunk·D + D·d)
+    the sequence in chunks of ``chunk_size`` tokens (default: :func:`chunk_tokens`): the same sums, but
+    features and temporaries stay small, in buffers reused from call to call (:func:`scratch`), so the
+    extra memory is O(chunk·D + D·d)
     besides the output (see :func:`_chunked_attention`).
     Inputs that do not fit together are a ``ValueError`` (:func:`check_attention_inputs`).
     """
@@ -237,9 +237,12 @@ def _normalised_output(phi_q, state, key_sum, real_v, n_real, eps, feature_map):
     return num.div_(guard_denominator(den, eps, feature_map))
 
 
-#: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (2 MiB fp32):
-#: 512 tokens of MiniLM-geometry LUNA (12 heads × 64 features); measured best at 512-1024 tokens
-CHUNK_ELEMENTS = 2**19
+#: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (8 MiB fp32), and at most
+#: ``CHUNK_ROWS`` (batch·heads·tokens) rows: measured best (docs/experiments/user-state, "Chunk size") for
+#: Hedgehog, T2R, DARKFormer, LUNA (M = 8 shared and M = 16 per head) at MiniLM's geometry, batch 1 at
+#: 1,024-8,192 tokens and batch 8 at 128-512; the earlier 2**19 chunks were 5-20% slower at every one of them
+CHUNK_ELEMENTS = 2**21
+CHUNK_ROWS = 2**15
 
 
 _SCRATCH = threading.local()
@@ -253,7 +256,7 @@ def scratch(name, shape, device, dtype=torch.float32):
     allocator maps a large block afresh and faults it in page by page whenever one is allocated,
     and hands the top of its heap back to the system whenever enough of it is free
     (docs/experiments/user-state). A buffer grows to the largest size asked for (chunks hold about
-    ``CHUNK_ELEMENTS`` values: a few MiB in all) and stays; :func:`release_scratch` frees them.
+    ``CHUNK_ELEMENTS`` values: about 20 MiB in all at MiniLM's geometry) and stays; :func:`release_scratch` frees them.
     Only for calls without autograd (the next call overwrites a buffer); per thread, so concurrent
     forwards never share one; buffers in use at the same time need distinct names.
     """
@@ -281,9 +284,12 @@ def grad_needed(feature_map, *tensors):
 
 
 def chunk_tokens(rows, feature_dim, chunk_size):
+    """Tokens per chunk: ``chunk_size``, or the largest power of two (at least 64) whose chunk of ``rows``
+    (batch·heads) sequences holds at most ``CHUNK_ELEMENTS`` features and ``CHUNK_ROWS`` token rows."""
     if chunk_size is not None:
         return max(1, int(chunk_size))
-    tokens = CHUNK_ELEMENTS // max(1, rows * int(feature_dim))
+    rows = max(1, rows)
+    tokens = min(CHUNK_ELEMENTS // (rows * max(1, int(feature_dim))), CHUNK_ROWS // rows)
     return max(64, 1 << max(tokens, 1).bit_length() - 1)  # a power of two, at least 64
 
 
