@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +70,7 @@ POSITIVE, NON_NEGATIVE, COUNT = _above(0, "> 0"), _at_least(0, ">= 0"), _at_leas
 LIMITS = {
     "lr": POSITIVE, "epochs": POSITIVE, "max_steps": COUNT, "weight_decay": NON_NEGATIVE,
     "warmup_ratio": _fraction(), "scheduler": _one_of("cosine", "linear", "constant"),
-    "output_loss_weight": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE, "seed": NON_NEGATIVE,
+    "output_loss_weight": NON_NEGATIVE, "negative_weight_penalty": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE, "seed": NON_NEGATIVE,
     "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
@@ -91,9 +92,13 @@ LIMITS = {
 
 
 def check_limit(name, value, where=""):
-    """``OptionError`` (one line) if the setting ``name`` holds ``value`` outside :data:`LIMITS`."""
+    """``OptionError`` (one line) if the setting ``name`` holds ``value`` outside :data:`LIMITS`; an
+    infinite or NaN number is outside every range (``--epochs inf`` would never end, ``--gamma inf``
+    would make every output NaN)."""
     if name in LIMITS and value is not None and not isinstance(value, bool):
         fits, text = LIMITS[name]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise OptionError(f"{where}{name} must be a finite number {text}, got {value!r}")
         if not fits(value):
             raise OptionError(f"{where}{name} must be {text}, got {value!r}")
 

@@ -210,6 +210,15 @@ CASES = [
     ("convert --method nope", "convert {ws}/tiny --out {out} --method nope", 1, "unknown method 'nope'", None, None),
     ("convert option of the wrong type", "convert {ws}/tiny --out {out} --method luna --option shared_mlp=maybe", 1,
      "option shared_mlp must be true or false", None, None),
+    # -- a second new user's battery (issue 36): settings that could not take effect, infinite numbers
+    ("convert --gamma without --window or --sinks", CONVERT + " --gamma 0.5", 1,
+     "--gamma 0.5 weighs the linear part of a hybrid against its exact part, and without --window or --sinks "
+     "there is none", None, None),
+    ("convert --gamma inf", "convert {ws}/tiny --out {out} --method hedgehog --window 4 --gamma inf", 1,
+     "gamma must be a finite number > 0, got inf", None, None),
+    ("distill --epochs inf", DISTILL + " --epochs inf", 1, "epochs must be a finite number > 0, got inf", None, None),
+    ("distill --negative-weight-penalty -1", DISTILL + " --negative-weight-penalty -1", 1,
+     "negative_weight_penalty must be >= 0, got -1.0", None, None),
 ]
 
 

@@ -203,8 +203,8 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
 def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
     """``{window, sinks, gamma}`` for ``FeatureMap.make_hybrid`` (None values: ``HybridConfig``'s
     defaults), checked; None for pure linear attention (window 0, no sinks). An unknown sink, a
-    negative window, a γ that is not positive, and a window or sinks for exact softmax (``method``) are
-    one-line errors."""
+    negative window, a γ that is not positive (or given without a window or sinks: nothing to weigh), and
+    a window or sinks for exact softmax (``method``) are one-line errors."""
     from ..attention.hybrid import parse_sinks
 
     defaults = HybridConfig()
@@ -216,6 +216,10 @@ def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
     except ValueError as error:
         raise LinearizeError(str(error)) from None
     if not config.window and not names:
+        if config.gamma is not None:  # no exact part to weigh the linear part against
+            raise LinearizeError(f"--gamma {config.gamma} weighs the linear part of a hybrid against its exact part, "
+                                 "and without --window or --sinks there is none: add --window R and/or --sinks "
+                                 "first, or drop --gamma")
         return None
     from ..attention.feature_maps import FeatureMap, get_feature_map_class
 
