@@ -120,6 +120,22 @@ def nothing_trained(ws, out):
     assert not (out / "teacher").exists() and not (out / "work").exists()
 
 
+def one_layer_converted(ws, out):
+    assert len(json.loads((out / "config.json").read_text())["linearize"]["_data"]["layers"]) == 1
+
+
+def three_label_teacher(ws, out, monkeypatch):
+    """``<out>-teacher``: the tiny classifier's files with a config naming 3 classes."""
+    teacher = Path(f"{out}-teacher")
+    teacher.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (teacher / name).write_bytes((ws / "tiny" / name).read_bytes())
+    config = json.loads((ws / "tiny" / "config.json").read_text())
+    config["id2label"] = {str(i): name for i, name in enumerate(("neg", "neutral", "pos"))}
+    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    (teacher / "config.json").write_text(json.dumps(config))
+
+
 def empty_folder_stays_empty(ws, out):
     assert list((ws / "empty").iterdir()) == []
 
@@ -219,6 +235,19 @@ CASES = [
     ("distill --epochs inf", DISTILL + " --epochs inf", 1, "epochs must be a finite number > 0, got inf", None, None),
     ("distill --negative-weight-penalty -1", DISTILL + " --negative-weight-penalty -1", 1,
      "negative_weight_penalty must be >= 0, got -1.0", None, None),
+    ("distill --keep-softmax of every layer", DISTILL + " --keep-softmax 2", 1,
+     "--keep-softmax 2 would give softmax back to every converted layer (2); pass fewer", None, None),
+    ("distill --keep-softmax gives layers back", DISTILL + " --max-steps 1 --eval-batches 1 --keep-softmax 1", 0,
+     "saved to", None, one_layer_converted),
+    ("finetune --teacher without --kd-weight", FINETUNE + " --train-file {ws}/train.csv --teacher {ws}/tiny", 1,
+     "is used only by the distillation term, and kd_weight is 0: add --kd-weight", None, None),
+    ("finetune --teacher without a head", FINETUNE + " --train-file {ws}/train.csv --teacher {ws}/base "
+     "--kd-weight 0.5", 1, "the teacher {ws}/base is a BertModel, without a classification head", None, None),
+    ("finetune --teacher with other classes", FINETUNE + " --train-file {ws}/train.csv --teacher {out}-teacher "
+     "--kd-weight 0.5", 1, "the teacher {out}-teacher has 3 labels but task files has 2", three_label_teacher, None),
+    ("finetune --head on a converted folder", "finetune {ws}/converted --task files --out {out} --head base --epochs 1 "
+     "--batch-size 8 --max-length 16 --train-file {ws}/train.csv", 1,
+     "is converted already, with the head it was converted with, so --head base cannot take effect", None, None),
 ]
 
 

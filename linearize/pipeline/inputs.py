@@ -194,12 +194,12 @@ def check_model_kind(model, spec, name):
 
 
 def check_head(model, spec, name):
-    """A model used as it is must be of the task's kind (text or image) and have the task's number
-    of outputs (an embedding task has none)."""
+    """A model (or a checkpoint's config) used as it is must be of the task's kind (text or image)
+    and have the task's number of outputs (an embedding task has none)."""
     check_model_kind(model, spec, name)
     if spec.is_embedding:
         return
-    labels = getattr(model.config, "num_labels", None)
+    labels = getattr(getattr(model, "config", model), "num_labels", None)
     if labels is not None and labels != spec.num_labels:
         raise LinearizeError(f"{name} has {labels} labels but task {spec.name} has {spec.num_labels}: its head "
                              "cannot serve this task; fine-tune a checkpoint with a new head instead")
@@ -230,17 +230,29 @@ def check_label_order(model_config, spec, name):
                              "classes; fine-tune it on this task first (linearize finetune)")
 
 
-def check_task_head(model, name):
-    """A model fine-tuned or scored on a task needs a classification head (outputs ``logits``)."""
+def _architecture(model):
+    """The transformers class name of a loaded model (a converted one: of its source) or of a
+    checkpoint's config, or None where it is neither or does not say."""
     import transformers
 
     from ..convert import conversion_record
+
+    if isinstance(model, transformers.PretrainedConfig):
+        return (model.architectures or [None])[0]
+    if not isinstance(model, transformers.PreTrainedModel):
+        return None
+    record = conversion_record(model)
+    return (record.architecture if record else None) or type(model).__name__
+
+
+def check_task_head(model, name):
+    """A model (or a checkpoint's config) fine-tuned or scored on a task needs a classification head
+    (outputs ``logits``)."""
     from ..convert.heads import head_for_class
 
-    if not isinstance(model, transformers.PreTrainedModel):
+    architecture = _architecture(model)
+    if architecture is None:
         return
-    record = conversion_record(model)
-    architecture = (record.architecture if record else None) or type(model).__name__
     head = head_for_class(architecture)
     if head is None or head.pipeline_tag not in ("text-classification", "image-classification"):
         raise LinearizeError(f"{name} is a {architecture}, without a classification head: convert or fine-tune "

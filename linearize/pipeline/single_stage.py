@@ -19,6 +19,7 @@ from ..evaluation import scores
 from ..finetune import finetune
 from ..training import main_process_first, on_main_process
 from .artifacts import remove_work_dir, save_model
+from .stages import check_keep_count, keep_softmax
 from .inputs import (TaskData, check_head, check_label_order, check_model_kind, check_task_head, name_labels,
                      source_config)
 
@@ -46,6 +47,10 @@ def load_model_for_task(model, spec, head=None):
         if config.get("linearize"):
             import linearize
 
+            if head is not None:
+                raise LinearizeError(f"{model} is converted already, with the head it was converted with, so --head "
+                                     f"{head} cannot take effect: drop --head, or convert its softmax source with "
+                                     f"--head {head}")
             return linearize.load(path), True
     default_head = "image-classification" if spec.kind == "image" else "base" if spec.is_embedding else \
         "sequence-classification"
@@ -77,9 +82,9 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, h
                   overwrite=False, resume=True, keep_work=False, progress=True, log=print):
     """Stage 1 alone: distill a converted model (or convert ``model`` with ``method`` first, hybrid with
     ``hybrid``: ``{window, sinks, gamma}``, as ``linearize.convert`` takes them), save it; its
-    :class:`~linearize.report.StageResult`. ``config``: a :class:`Stage1Config` (its batch size
-    and dev batches included; a plain ``DistillConfig`` takes their defaults); ``data``: a
-    :class:`DataConfig`.
+    :class:`~linearize.report.StageResult`. ``config``: a :class:`Stage1Config` (its batch size,
+    dev batches and ``keep_softmax`` included; a plain ``DistillConfig`` takes their defaults);
+    ``data``: a :class:`DataConfig`.
 
     Checkpoints go to ``<out>.work``; an interrupted run resumes from there unless ``resume=False``
     (which clears them and starts afresh). After success it is deleted (its ``metrics.jsonl``
@@ -105,10 +110,13 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, h
         method_name = conversion_record(net).method
         raise LinearizeError(f"{method_name} has no learnable feature-map parameters: stage 1 has nothing to "
                              "train; fine-tune it directly with `linearize finetune`")
+    check_keep_count(config.keep_softmax, len(conversion_record(net).layers), "--keep-softmax")  # before training
     loaders = task_data.loaders(config.batch_size, config.seed)
     result = distill(net, loaders["train"], config, eval_loader=loaders["validation"],
                      eval_batches=config.eval_batches, checkpoint_dir=_work_dir(out), resume=resume,
                      progress=progress, log=log)
+    if config.keep_softmax:
+        keep_softmax(net, result, config.keep_softmax, log)
     on_main_process(save_model, net, task_data.processor, out, {DISTILL_RESULT: result.to_dict()})
     if not keep_work:
         on_main_process(remove_work_dir, _work_dir(out), out)
@@ -190,6 +198,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(run_config, head)
     if teacher is not None:
+        check_teacher(teacher, task_data.spec, config)
         teacher, _ = load_model_for_task(teacher, task_data.spec, head)
         check_head(teacher, task_data.spec, "the teacher")
         check_label_order(teacher.config, task_data.spec, "the teacher")
@@ -211,6 +220,21 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     if not keep_work:
         on_main_process(remove_work_dir, _work_dir(out), out)
     return result
+
+
+def check_teacher(teacher, spec, config):
+    """A teacher is used (for the ``kd_weight`` term, or as an embedding task's targets), and with the
+    head it was saved with: a checkpoint without the task's head would get a new one, at random,
+    and be distilled from (transformers' load report the only sign)."""
+    if spec.is_embedding:
+        return
+    if not config.kd_weight:
+        raise LinearizeError(f"--teacher {teacher} is used only by the distillation term, and kd_weight is 0: add "
+                             "--kd-weight A (0 < A <= 1), or drop --teacher")
+    saved = source_config(teacher)
+    if saved is not None and not getattr(saved, "linearize", None):  # a converted teacher is checked once loaded
+        check_task_head(saved, f"the teacher {teacher}")
+        check_head(saved, spec, f"the teacher {teacher}")
 
 
 def is_stage1_output(model):

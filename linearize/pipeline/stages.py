@@ -235,9 +235,14 @@ def check_keep_softmax(model, config):
     from ..convert import attention_modules
 
     converted = len(config.layers) if config.layers else len(attention_modules(model))
-    if config.stage1.keep_softmax >= converted:
-        raise LinearizeError(f"stage1.keep_softmax {config.stage1.keep_softmax} would give softmax back to every "
-                             f"converted layer ({converted}); pass fewer")
+    check_keep_count(config.stage1.keep_softmax, converted)
+
+
+def check_keep_count(count, converted, setting="stage1.keep_softmax"):
+    """Giving softmax back to ``count`` of ``converted`` layers must leave one converted."""
+    if count >= converted:
+        raise LinearizeError(f"{setting} {count} would give softmax back to every converted layer ({converted}); "
+                             "pass fewer")
 
 
 def keep_softmax(student, result, count, log):
@@ -248,9 +253,7 @@ def keep_softmax(student, result, count, log):
 
     distances = {int(layer): row["kl"] for layer, row in result.per_layer_after.items()}
     converted = list(conversion_record(student).layers)
-    if count >= len(converted):
-        raise LinearizeError(f"stage1.keep_softmax {count} would give softmax back to every converted layer "
-                             f"({len(converted)}); pass fewer")
+    check_keep_count(count, len(converted))
     worst = sorted(sorted(converted, key=lambda layer: -distances[layer])[:count])
     log(f"      keeping softmax in layer{'s' if count > 1 else ''} {', '.join(map(str, worst))} (stage1.keep_softmax: "
         f"the highest attention KL, {', '.join(f'{distances[layer]:.3f}' for layer in worst)})")
