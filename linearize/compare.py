@@ -53,6 +53,19 @@ def parse_variant(text):
     return name.strip(), parse_set(settings.split())
 
 
+def variant_settings(texts):
+    """``{NAME: overrides}`` of the ``--variant`` ``texts`` (:func:`parse_variant`); a name given twice
+    is one line (the second would silently replace the first)."""
+    from .errors import LinearizeError
+
+    settings = {}
+    for name, overrides in map(parse_variant, texts):
+        if name in settings:
+            raise LinearizeError(f"--variant {name!r} is given twice: give each variant its own name")
+        settings[name] = overrides
+    return settings
+
+
 def slug(text):
     """A folder name for a row label."""
     import re
@@ -87,6 +100,9 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
     from .report import REPORT_JSON, load_report
 
     out_dir, settings = Path(out_dir), settings or {"": {}}
+    if teachers_from is not None and not Path(teachers_from).expanduser().is_dir():
+        raise LinearizeError(f"--teachers-from {teachers_from} is not a folder: give a compare folder whose seed<N>/ "
+                             "runs hold finished teachers")
     plan = run_plan(recipe, out_dir, methods or DEFAULT_METHODS, seeds, without_stage1, settings)
     if not table_only:
         for *_, run_config in plan:  # every run's configuration is checked before the first one starts
@@ -137,6 +153,13 @@ def run_plan(config, out_dir, methods, seeds, without_stage1, settings):
                 folder = out_dir / f"seed{seed}" / (method + ("" if stage1 else "-no-stage1")
                                                     + (f"--{slug(name)}" if name else ""))
                 plan.append((seed, f"{label} ({name})" if name else label, folder, run_config))
+    folders = [folder for _, _, folder, _ in plan]
+    repeated = next((folder for folder in folders if folders.count(folder) > 1), None)
+    if repeated is not None:  # the second run would resume the first's folder and count it twice
+        from .errors import LinearizeError
+
+        raise LinearizeError(f"two runs of the comparison would write {repeated}: a method, seed or variant is named "
+                             "twice (variant names are compared as folder names); name each once")
     return plan
 
 

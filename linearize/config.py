@@ -70,7 +70,8 @@ POSITIVE, NON_NEGATIVE, COUNT = _above(0, "> 0"), _at_least(0, ">= 0"), _at_leas
 LIMITS = {
     "lr": POSITIVE, "epochs": POSITIVE, "max_steps": COUNT, "weight_decay": NON_NEGATIVE,
     "warmup_ratio": _fraction(), "scheduler": _one_of("cosine", "linear", "constant"),
-    "output_loss_weight": NON_NEGATIVE, "negative_weight_penalty": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE, "seed": NON_NEGATIVE,
+    "output_loss_weight": NON_NEGATIVE, "negative_weight_penalty": NON_NEGATIVE, "max_grad_norm": NON_NEGATIVE,
+    "seed": (lambda value: 0 <= value < 2**32, "in [0, 2**32)"),  # numpy's range
     "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),

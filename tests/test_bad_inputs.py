@@ -69,6 +69,7 @@ def ws(tmp_path_factory, minilm_path):
               "teacher": {"epochs": 1, "batch_size": 8}, "stage1": {"epochs": 1, "batch_size": 8},
               "stage2": {"epochs": 1, "batch_size": 8}}
     (root / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    (root / "list.yaml").write_text("- model: minilm\n")
     (root / "typo.yaml").write_text(yaml.safe_dump({**recipe, "options": {"luna": {"projection": 16}}}))
     (root / "outs").mkdir()
     (root / "empty").mkdir()
@@ -80,6 +81,7 @@ RUN = "run {ws}/tiny.yaml --out {out}"
 FINETUNE = "finetune {ws}/tiny --task files --out {out} --epochs 1 --batch-size 8 --max-length 16"
 DISTILL = "distill {ws}/tiny --task files --out {out} --method hedgehog " + FILES
 CONVERT = "convert {ws}/tiny --out {out} --method relu"
+COMPARE = "compare {ws}/tiny.yaml --out {out} --no-without-stage1"
 
 
 def finished_teacher(ws, out, monkeypatch):
@@ -163,7 +165,11 @@ CASES = [
     ("warmup ratio out of range", RUN + " --set teacher.warmup_ratio=1.5", 1,
      "teacher.warmup_ratio must be in [0, 1), got 1.5", None, None),
     ("zero max length", RUN + " --set data.max_length=0", 1, "data.max_length must be >= 1, got 0", None, None),
-    ("negative seed", RUN + " --seed -1", 1, "seed must be >= 0, got -1", None, None),
+    ("negative seed", RUN + " --seed -1", 1, "seed must be in [0, 2**32), got -1", None, None),
+    ("a seed numpy cannot take", RUN + " --set seed=4294967296", 1, "seed must be in [0, 2**32), got 4294967296",
+     None, None),
+    ("a recipe file that is a YAML list", "run {ws}/list.yaml --out {out}", 1,
+     "list.yaml holds a YAML list, not a recipe: a recipe is a mapping of keys", None, None),
     ("unknown head", RUN + " --set head=sequence", 1, "unknown head 'sequence'; valid heads: base", None, None),
     ("layer out of range, before the teacher trains", RUN + " --layers 0,7", 1,
      "layers [0, 7]: 7 is out of range; give a non-empty list of distinct integers in 0..1", None, nothing_trained),
@@ -180,6 +186,21 @@ CASES = [
     ("compare checks every run first", "compare {ws}/tiny.yaml --out {out} --methods luna,hedgehog --seeds 0 "
      "--no-without-stage1 --set options.hedgehog.nope=1", 1, "unknown option(s) 'nope' for method 'hedgehog'",
      None, None),
+    ("compare --seeds not integers", COMPARE + " --methods luna --seeds a,b", 1,
+     "--seeds 'a,b' is not a comma-separated list of seeds (example: 0,1,2)", None, None),
+    ("compare --seeds naming none", COMPARE + " --methods luna --seeds ''", 1, "--seeds '' names no seed", None, None),
+    ("compare --methods naming none", COMPARE + " --methods '' --seeds 0", 1, "--methods '' names no method", None,
+     None),
+    ("compare a seed twice", COMPARE + " --methods luna --seeds 0,0", 1,
+     "two runs of the comparison would write {out}/seed0/luna: a method, seed or variant is named twice", None, None),
+    ("compare a method twice", COMPARE + " --methods luna,luna --seeds 0", 1,
+     "two runs of the comparison would write {out}/seed0/luna:", None, None),
+    ("compare a variant name twice", COMPARE + " --methods luna --seeds 0 --variant 'a: seed=1' --variant 'a: seed=2'",
+     1, "--variant 'a' is given twice", None, None),
+    ("compare variants of one folder name", COMPARE + " --methods luna --seeds 0 --variant 'a b: seed=1' "
+     "--variant 'a-b: seed=2'", 1, "two runs of the comparison would write {out}/seed0/luna--a-b:", None, None),
+    ("compare --teachers-from a missing folder", COMPARE + " --methods luna --seeds 0 --teachers-from {ws}/nope", 1,
+     "--teachers-from {ws}/nope is not a folder", None, None),
     # -- data
     ("one-class data", FINETUNE + " --train-file {ws}/one-class.csv", 1,
      "one-class.csv has one class only (pos) in column 'label': a classifier needs at least two", None, None),

@@ -225,15 +225,20 @@ def user_error_message(error, arguments):
     return None
 
 
+def int_list(text, option, what, example):
+    """``"0,2,4"`` -> ``[0, 2, 4]`` (empty parts skipped); anything but integers is one line naming ``option``."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LinearizeError(f"{option} {text!r} is not a comma-separated list of {what} (example: {example})") from None
+
+
 def parse_layers(text):
     """``"0,2,4"`` -> ``[0, 2, 4]``; None stays None (all layers). A list that names no layer
     (``--layers ''``) is an error: it would convert nothing."""
     if text is None:
         return None
-    try:
-        layers = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LinearizeError(f"--layers {text!r} is not a comma-separated list of layer indices (example: 0,2,4)") from None
+    layers = int_list(text, "--layers", "layer indices", "0,2,4")
     if not layers:
         raise LinearizeError(f"--layers {text!r} names no layer: give comma-separated layer indices (example: 0,2,4), "
                              "or leave --layers out to convert every layer")

@@ -7,8 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import ThreadsOpt, app, check_method_names, console, friendly_errors, set_threads, writing_output
+from ..errors import LinearizeError
+from .common import ThreadsOpt, app, check_method_names, console, friendly_errors, int_list, set_threads, writing_output
 from .run import SetOpt
+
+
+def _names_some(values, option, text, what, example):
+    """``values`` parsed from ``option``'s ``text``, refused in one line when it names none."""
+    if not values:
+        raise LinearizeError(f"{option} {text!r} names no {what}: give comma-separated {what}s (example: {example})")
+    return values
 
 
 @app.command("compare")
@@ -41,16 +49,18 @@ def compare_command(
     from ..recipes import load_recipe, parse_set
 
     names = [name.strip() for name in (methods or "").split(",") if name.strip()]
+    if methods is not None:
+        _names_some(names, "--methods", methods, "method", "luna,hedgehog; leave --methods out for every method")
+    seed_list = _names_some(int_list(seeds, "--seeds", "seeds", "0,1,2"), "--seeds", seeds, "seed", "0,1,2")
     check_method_names(*names)
     set_threads(threads)
     resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
     out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
     with writing_output(out):
-        from ..compare import compare, parse_variant, render  # after the recipe's checks
+        from ..compare import compare, render, variant_settings  # after the recipe's checks
 
-        table = compare(resolved, out, methods=names or None,
-                        seeds=[int(s) for s in seeds.split(",") if s.strip()], without_stage1=without_stage1,
-                        settings=dict(parse_variant(v) for v in variant) if variant else None,
+        table = compare(resolved, out, methods=names or None, seeds=seed_list, without_stage1=without_stage1,
+                        settings=variant_settings(variant) if variant else None,
                         teachers_from=teachers_from, table_only=table_only, log=console.print)
     console.print(render(table))
     console.print(f"written to {out / 'compare.md'}")

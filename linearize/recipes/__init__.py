@@ -79,6 +79,9 @@ def load_recipe(name_or_path=None, *, overrides=None, quick=False):
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise LinearizeError(f"{path} is not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise LinearizeError(f"{path} holds a YAML {type(data).__name__}, not a recipe: a recipe is a mapping of keys "
+                             "(model: ..., task: ..., method: ...), as in linearize/recipes/*.yaml")
     recipe = merge(DEFAULTS, data)
     if recipe["name"] is None:
         recipe["name"] = path.stem
