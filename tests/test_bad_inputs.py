@@ -201,6 +201,10 @@ CASES = [
      "--variant 'a-b: seed=2'", 1, "two runs of the comparison would write {out}/seed0/luna--a-b:", None, None),
     ("compare --teachers-from a missing folder", COMPARE + " --methods luna --seeds 0 --teachers-from {ws}/nope", 1,
      "--teachers-from {ws}/nope is not a folder", None, None),
+    ("bench attention at lengths beyond memory", "bench attention --methods relu --model none --seq-lens "
+     "100000000000 --out {out}", 2, "--seq-lens 100,000,000,000: q, k and v alone would take", None, None),
+    ("bench long --softmax-max-gib 0", "bench long --geometries minilm --seq-lens 8 --softmax-max-gib 0 --out {out}",
+     2, "--softmax-max-gib 0.0 skips softmax at every length", None, None),
     # -- data
     ("one-class data", FINETUNE + " --train-file {ws}/one-class.csv", 1,
      "one-class.csv has one class only (pos) in column 'label': a classifier needs at least two", None, None),

@@ -301,6 +301,19 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(ws, tmp_path, 
     assert hidden(tmp_path) == []  # the lock file goes with the lock
 
 
+def test_bench_folder_of_a_folder_being_written_is_one_line_and_benches_nothing(ws, monkeypatch):
+    """Two `bench folder DIR` at once both wrote DIR/bench.json and said so, the last one's kept; a
+    `convert --out DIR --overwrite` could replace DIR under a bench. DIR is held while it is benched."""
+    monkeypatch.setattr(importlib.import_module("linearize.bench"), "bench_folder",
+                        lambda *a, **k: pytest.fail("the bench ran"))
+    folder = ws / "converted"
+    with locked_output(folder, command="linearize bench folder ... --seq-lens 8"):
+        code, lines = invoke("bench", "folder", folder, "--seq-lens", "16")
+    one_error(code, lines, f"{folder} {LOCKED_HERE} (pid {os.getpid()} on ", "linearize bench folder ... --seq-lens 8",
+              "wait until it ends, or choose another DIR")
+    assert hidden(ws) == []
+
+
 def test_two_converts_into_one_new_out_at_once_one_succeeds_nothing_is_lost(ws, tmp_path):
     out = tmp_path / "same"
     first = linearize_process("convert", ws / "tiny", "--method", "relu", "--out", out)

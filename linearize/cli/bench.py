@@ -46,7 +46,23 @@ def _settings(measure, *drop):
 
 
 def _gib_bytes(gib):
+    """``--softmax-max-gib`` in bytes; not above 0 (nothing would be measured) is one line."""
+    if gib is not None and not gib > 0:
+        raise typer.BadParameter(f"--softmax-max-gib {gib} skips softmax at every length, so there would be no "
+                                 "crossover to measure: give a size in GiB above 0, or leave it out")
     return None if gib is None else int(gib * 2**30)
+
+
+def _check_input_memory(seq_lens, batch_size, num_heads, head_dim, dtype):
+    """The attention bench's q, k and v at the longest length must fit half this machine's memory:
+    one line naming --seq-lens before they are allocated."""
+    from ..machine import physical_memory
+
+    memory, longest = physical_memory(), max(seq_lens)
+    needed = 3 * batch_size * num_heads * longest * head_dim * (4 if dtype == "fp32" else 2)
+    if memory and needed > memory / 2:
+        raise typer.BadParameter(f"--seq-lens {longest:,}: q, k and v alone would take {needed / 2**30:,.1f} GiB, more "
+                                 f"than half this machine's {memory / 2**30:,.1f} GiB; give shorter lengths")
 
 
 @bench_app.command("attention")
@@ -77,6 +93,8 @@ def attention_command(
     model_seq_lens = _ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else None
     settings = _settings(measure, "processes")
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, is_converted_folder, run_bench
+
+    _check_input_memory(seq_lens or DEFAULT_SEQ_LENS, measure.batch_size, num_heads, head_dim, measure.dtype)
 
     if is_converted_folder(model):
         raise LinearizeError(f"{model} is a converted model folder: measure its crossover with "
@@ -113,12 +131,12 @@ def long_command(
     Example: linearize bench long --geometries minilm --out runs/bench-long
     """
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
-    settings = _settings(measure)
+    settings, softmax_max_bytes = _settings(measure), _gib_bytes(softmax_max_gib)
     from ..bench import run_long_bench  # after the arguments' checks: they answer before torch loads
 
     with writing_output(out):
         result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
-                                methods=methods or None, softmax_max_bytes=_gib_bytes(softmax_max_gib),
+                                methods=methods or None, softmax_max_bytes=softmax_max_bytes,
                                 convert_sliding_window=convert_sliding_window, **lengths, **settings,
                                 log=console.print)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
@@ -147,6 +165,8 @@ def folder_command(
     settings = _settings(measure, "processes")
     read_conversion_record(directory)  # not a converted folder: one line before torch loads
     check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one bench.json cannot be written into
+    softmax_max_bytes = _gib_bytes(softmax_max_gib)
     from ..bench import bench_folder
 
-    bench_folder(directory, softmax_max_bytes=_gib_bytes(softmax_max_gib), **lengths, **settings, log=console.print)
+    with writing_output(directory, option="DIR"):  # a second bench (or convert --overwrite) of DIR waits its turn
+        bench_folder(directory, softmax_max_bytes=softmax_max_bytes, **lengths, **settings, log=console.print)
