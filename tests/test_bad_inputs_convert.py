@@ -110,11 +110,28 @@ def test_convert_takes_integer_layers_of_any_integer_type():
     assert conversion_record(model).layers == (1,)
 
 
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"convert_sliding_window": True}, "this model has none: drop it"),  # BERT: it would do nothing
+    ({"convert_sliding_window": "yes"}, "must be True or False, got 'yes'"),
+    ({"window": 256, "sinks": "first"}, "every input of up to 512 tokens"),  # exact softmax everywhere
+    ({"window": 600, "max_length": 1024}, "every input of up to 1024 tokens"),
+])
+def test_convert_refuses_settings_that_cannot_take_effect(kwargs, fragment):
+    with pytest.raises(LinearizeError, match=fragment):
+        linearize.convert(build("bert"), "hedgehog", **kwargs)
+    assert conversion_record(linearize.convert(build("bert"), "hedgehog", window=255)).window == 255
+
+
 @pytest.mark.parametrize("text", ["", ",", " , "])
 def test_layers_option_that_names_no_layer_is_an_error(text):
     with pytest.raises(LinearizeError, match="names no layer"):
         parse_layers(text)
     assert parse_layers(None) is None and parse_layers("0, 2,") == [0, 2]
+
+
+def test_convert_cli_with_a_setting_that_cannot_take_effect_is_one_line(ws):
+    _one_line_error("convert {ws}/tiny --out {ws}/outs/no-local --convert-sliding-window", ws, "this model has none")
+    _one_line_error("convert {ws}/tiny --out {ws}/outs/wide --window 300", ws, "no linear attention left")
 
 
 def test_convert_cli_with_empty_layers_is_one_line(ws):

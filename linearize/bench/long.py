@@ -95,8 +95,11 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
     method it refuses, the attention layers each conversion converted, and the labels of the
     conversions that left some attention layers softmax (e.g. sliding-window layers)."""
     from ..convert import conversion_record, convert
+    from ..convert.backends import backend_for
 
     models, refused, layers, partial = {}, {}, {}, []
+    # asked for the models that have sliding-window layers (a model without them has nothing to convert so)
+    convert_sliding_window = bool(convert_sliding_window and backend_for(base).sliding_window_layers(base))
     for label, name, options in specs:
         candidate = copy.deepcopy(base)
         torch.manual_seed(seed)

@@ -82,6 +82,30 @@ def _choose_layers(layers, count, sliding, convert_sliding_window):
     return chosen
 
 
+def _sliding_window_choice(convert_sliding_window, sliding):
+    """``convert_sliding_window`` checked: a bool (None: the default), and True only for a model that has
+    sliding-window layers (else it would do nothing)."""
+    if convert_sliding_window is None:
+        return SlidingWindowConfig().convert_sliding_window
+    if not isinstance(convert_sliding_window, bool):
+        raise LinearizeError(f"convert_sliding_window must be True or False, got {convert_sliding_window!r}")
+    if convert_sliding_window and not sliding:
+        raise LinearizeError("--convert-sliding-window converts sliding-window layers (ModernBERT's local layers), "
+                             "and this model has none: drop it")
+    return convert_sliding_window
+
+
+def _check_window_below_length(model, hybrid, max_length):
+    """A window whose exact part covers every input the model reads (its ``max_position_embeddings``, or
+    ``max_length`` when extended; ``hybrid_attention`` is exact softmax up to 2R tokens) would leave no linear
+    attention: an error, not a silent softmax model."""
+    longest = max_length or getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if hybrid and hybrid["window"] and isinstance(longest, int) and longest <= 2 * hybrid["window"]:
+        raise LinearizeError(f"--window {hybrid['window']} makes every input of up to {longest} tokens (all this "
+                             f"model reads) exact softmax, with no linear attention left: choose a window below "
+                             f"{longest // 2}, or extend the positions with --max-length")
+
+
 def _unsupported(model):
     kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     return LinearizeError(f"unsupported architecture {kind!r}; supported: {', '.join(SUPPORTED)}")
@@ -168,9 +192,8 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     backend = backend_for(model)
     if is_converted(model):
         raise LinearizeError("this model is already converted; call linearize.revert(model) first to convert again")
-    if convert_sliding_window is None:
-        convert_sliding_window = SlidingWindowConfig().convert_sliding_window
     sliding = backend.sliding_window_layers(model)
+    convert_sliding_window = _sliding_window_choice(convert_sliding_window, sliding)
     chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
     hybrid = hybrid_settings(window, sinks, gamma, method)
     if hybrid and set(chosen) & set(sliding):
@@ -178,6 +201,7 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
                              "attend through a sliding window already: convert without --convert-sliding-window, or "
                              "without --window/--sinks")
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
+    _check_window_below_length(model, hybrid, max_length)
     image_size = resolution.check_image_size(model, image_size)
     check_memory(model, method, chosen, options)
     before = sum(p.numel() for p in model.parameters())
