@@ -207,6 +207,10 @@ CASES = [
      "100000000000 --out {out}", 2, "--seq-lens 100,000,000,000: q, k and v alone would take", None, None),
     ("bench long --softmax-max-gib 0", "bench long --geometries minilm --seq-lens 8 --softmax-max-gib 0 --out {out}",
      2, "--softmax-max-gib 0.0 skips softmax at every length", None, None),
+    ("bench attention --methods ''", "bench attention --methods '' --model none --seq-lens 8 --out {out}", 2,
+     "--methods '' names nothing", None, None),
+    ("bench long --geometries ','", "bench long --geometries , --seq-lens 8 --out {out}", 2,
+     "--geometries ',' names nothing", None, None),
     # -- data
     ("one-class data", FINETUNE + " --train-file {ws}/one-class.csv", 1,
      "one-class.csv has one class only (pos) in column 'label': a classifier needs at least two", None, None),

@@ -40,6 +40,15 @@ def _ints(text, option="--seq-lens"):
     return values
 
 
+def _named(text, option):
+    """A comma-separated ``--methods`` / ``--geometries`` value as given (None: the default); one that names
+    nothing (``''``, ``','``) is a one-line error, not every default."""
+    if text is not None and not text.replace(",", "").strip():
+        raise typer.BadParameter(f"{option} {text!r} names nothing: give a comma-separated list, or leave {option} "
+                                 "out for the default")
+    return text
+
+
 def _settings(measure, *drop):
     """The checked measurement settings as keyword arguments, less the fields in ``drop``."""
     return {k: v for k, v in measure.check().to_dict().items() if k not in drop}
@@ -90,6 +99,7 @@ def attention_command(
     On a GPU: linearize bench attention --device cuda --dtype bf16 --seq-lens 512,2048,8192,32768 --model none
     """
     seq_lens = _ints(seq_lens) if seq_lens else None  # the arguments first: their errors answer before torch loads
+    methods = _named(methods, "--methods")
     model_seq_lens = _ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else None
     settings = _settings(measure, "processes")
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, is_converted_folder, run_bench
@@ -131,6 +141,7 @@ def long_command(
     Example: linearize bench long --geometries minilm --out runs/bench-long
     """
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
+    methods, geometries = _named(methods, "--methods"), _named(geometries, "--geometries")
     settings, softmax_max_bytes = _settings(measure), _gib_bytes(softmax_max_gib)
     from ..bench import run_long_bench  # after the arguments' checks: they answer before torch loads
 
