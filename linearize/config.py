@@ -447,6 +447,11 @@ class RunConfig(Config):
         method_settings(self.method, options_for(self.method, self.options))  # the run's own method
         for name in sorted(set(self.options) & set(methods())):  # a block keyed by another method: that method's
             method_settings(name, self.options[name])
+        from .training.accelerator import check_mixed_precision
+
+        for item in dataclasses.fields(self):  # fp16 on a CPU: before the teacher trains, not after
+            section = getattr(self, item.name)
+            check_mixed_precision(getattr(section, "mixed_precision", "no"), f"{item.name}.mixed_precision")
         if self.task is not None:  # a data option the task does not read, a data file that is not there
             from .data import check_task_options, task_kind
 

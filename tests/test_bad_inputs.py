@@ -118,6 +118,14 @@ def three_labels(ws, out):
     assert len(json.loads((out / "config.json").read_text())["id2label"]) == 3
 
 
+def without_gpu(ws, out, monkeypatch):
+    """A case about a CPU-only machine: it does not apply where accelerate finds a GPU."""
+    from linearize.training.accelerator import has_device
+
+    if has_device():
+        pytest.skip("a GPU is here: fp16 is allowed")
+
+
 def nothing_trained(ws, out):
     assert not (out / "teacher").exists() and not (out / "work").exists()
 
@@ -165,6 +173,8 @@ CASES = [
     ("warmup ratio out of range", RUN + " --set teacher.warmup_ratio=1.5", 1,
      "teacher.warmup_ratio must be in [0, 1), got 1.5", None, None),
     ("zero max length", RUN + " --set data.max_length=0", 1, "data.max_length must be >= 3", None, None),
+    ("fp16 on a CPU, before the teacher trains", RUN + " --set stage2.mixed_precision=fp16", 1,
+     "stage2.mixed_precision fp16 needs a GPU", without_gpu, nothing_trained),
     ("a max length that leaves no text", RUN + " --set data.max_length=1", 1, "data.max_length must be >= 3 (a text's",
      None, None),
     ("negative seed", RUN + " --seed -1", 1, "seed must be in [0, 2**32), got -1", None, None),

@@ -27,6 +27,12 @@ def has_device():
     return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
 
 
+def check_mixed_precision(mixed_precision, where="--mixed-precision"):
+    """fp16 without a GPU is a one-line error (on CPU accelerate silently trains in float32)."""
+    if mixed_precision == "fp16" and not has_device():
+        raise LinearizeError(f"{where} fp16 needs a GPU (on CPU accelerate silently trains in float32): use bf16 or no")
+
+
 def _cpu_processes():
     """Several processes on a machine without an accelerator device train together on CPU over
     gloo (``MULTI_CPU``): accelerate only does that when asked (``cpu=True``); otherwise every
@@ -46,9 +52,7 @@ def make_accelerator(mixed_precision="no", seed=0, report_to="none", checkpoint_
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    if mixed_precision == "fp16" and not has_device():
-        raise LinearizeError("--mixed-precision fp16 needs a GPU (on CPU accelerate silently trains in float32): "
-                             "use bf16 or no")
+    check_mixed_precision(mixed_precision)
     _forget_other_precision(mixed_precision)
     return Accelerator(mixed_precision=None if mixed_precision == "no" else mixed_precision, cpu=_cpu_processes(),
                        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
