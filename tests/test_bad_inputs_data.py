@@ -100,6 +100,10 @@ REFUSED = [
      "task 'moviereviews' does not read --train-file"),
     ("eval text --label-column on moviereviews", "eval text {ws}/tiny --label-column stars",
      "task 'moviereviews' does not read --label-column"),
+    ("run --set data.text_column on moviereviews", "run {ws}/movie.yaml --out {out} --set data.text_column=nope",
+     "task 'moviereviews' does not read --text-column (data.text_column)"),
+    ("eval text --text-column on moviereviews", "eval text {ws}/tiny --text-column review",
+     "task 'moviereviews' does not read --text-column"),
     ("finetune --data-file on task files", FINETUNE + " --task files --data-file {ws}/spam.csv",
      "task 'files' does not read --data-file (data.data_file), so it would be ignored: pass your file as "
      "--train-file"),

@@ -115,16 +115,22 @@ def image_spec(name, data) -> TaskSpec:
 TASK_OPTIONS = {
     "glue": ("data_dir",),
     "moviereviews": ("data_file", "data_dir"),
-    "embeddings": ("data_file", "data_dir", "train_file", "validation_file", "test_file"),
+    "embeddings": ("data_file", "data_dir", "train_file", "validation_file", "test_file", "text_column"),
     "fashion-mnist": ("data_dir",),
     "imagefolder": ("data_dir",),
-    "files": ("train_file", "validation_file", "test_file", "text_pair_column", "label_column"),
-    "hub": ("text_pair_column", "label_column"),
+    "files": ("train_file", "validation_file", "test_file", "text_column", "text_pair_column", "label_column"),
+    "hub": ("text_column", "text_pair_column", "label_column"),
 }
-#: the options a task may not read; ``text_column`` has a default ("text"), so it cannot tell
-#: a user's choice and is not among them
+#: the options a task may not read (``text_column`` when it is not its default, "text": see
+#: :func:`given_text_column`)
 FILE_OPTIONS = ("train_file", "validation_file", "test_file", "data_file")
-CHECKED_OPTIONS = ("data_dir", *FILE_OPTIONS, "text_pair_column", "label_column")
+CHECKED_OPTIONS = ("data_dir", *FILE_OPTIONS, "text_column", "text_pair_column", "label_column")
+
+
+def given_text_column(text_column):
+    """``text_column`` as :func:`check_task_options` takes it: None for the default ("text"), which every
+    task may carry unread."""
+    return None if text_column == "text" else text_column
 
 
 def task_kind(name, train_file=None) -> str:
@@ -183,7 +189,8 @@ def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, vali
     kind = task_kind(key, train_file)
     check_task_options(key, kind, {"data_dir": data_dir, "data_file": data_file, "train_file": train_file,
                                    "validation_file": validation_file, "test_file": test_file,
-                                   "text_pair_column": text_pair_column, "label_column": label_column})  # a run's
+                                   "text_column": given_text_column(text_column), "text_pair_column": text_pair_column,
+                                   "label_column": label_column})  # a run's
     # configuration was checked so already (RunConfig.validate); a direct call is checked here
     if is_regression and kind not in ("files", "hub"):
         raise LinearizeError(f"task {key!r} has its own labels: data.regression applies to --task files or a Hub "
