@@ -441,6 +441,10 @@ class RunConfig(Config):
         self.check()
         if self.head not in HEADS:
             raise OptionError(f"unknown head {self.head!r}; valid heads: {', '.join(HEADS)}")
+        if isinstance(self.model, str):  # a path that is not there: said so, not as a Hub id's failure
+            from .convert.loading import check_model_name
+
+            check_model_name(self.model)
         # the feature maps' registry loads torch: after the checks that need none, so those answer at once
         from .attention.feature_maps import method_settings, methods, options_for
 

@@ -173,6 +173,8 @@ CASES = [
     ("warmup ratio out of range", RUN + " --set teacher.warmup_ratio=1.5", 1,
      "teacher.warmup_ratio must be in [0, 1), got 1.5", None, None),
     ("zero max length", RUN + " --set data.max_length=0", 1, "data.max_length must be >= 3", None, None),
+    ("a model path that is not there", RUN + " --model ./nope", 1,
+     "./nope is neither a model folder nor a Hub id", None, nothing_trained),
     ("fp16 on a CPU, before the teacher trains", RUN + " --set stage2.mixed_precision=fp16", 1,
      "stage2.mixed_precision fp16 needs a GPU", without_gpu, nothing_trained),
     ("a max length that leaves no text", RUN + " --set data.max_length=1", 1, "data.max_length must be >= 3 (a text's",
