@@ -428,6 +428,12 @@ def test_registry_refuses_duplicates():
             name = "luna"
 
 
+@pytest.mark.parametrize("given", ["x", object, 3])
+def test_registry_refuses_what_is_not_a_feature_map_class(given):
+    with pytest.raises(TypeError, match="decorates a FeatureMap subclass"):
+        register_feature_map(given)
+
+
 def test_options_are_recorded_for_the_config():
     fm = create_feature_map("luna", D, H, projections=4)
     assert fm.options["projections"] == 4 and fm.options["channels"] == 8

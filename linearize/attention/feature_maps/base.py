@@ -93,7 +93,11 @@ def option_help(options_class):
 
 
 def register_feature_map(cls):
-    """Class decorator: add ``cls`` to the registry under ``cls.name``; refuses duplicates."""
+    """Class decorator (``@register_feature_map``, no arguments): add ``cls``, a :class:`FeatureMap` subclass, to
+    the registry under ``cls.name``; refuses anything else, and duplicates."""
+    if not (isinstance(cls, type) and issubclass(cls, FeatureMap)):
+        raise TypeError(f"register_feature_map decorates a FeatureMap subclass (@register_feature_map above its "
+                        f"class statement, no arguments), got {cls!r}")
     name = getattr(cls, "name", None)
     if not name:
         raise ValueError(f"{cls.__name__} must set a class attribute `name` to be registered")
