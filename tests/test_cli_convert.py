@@ -73,6 +73,7 @@ def test_unsupported_architecture(tmp_path):
     (["--method", "lunar"], "unknown method 'lunar'; valid methods: luna, hedgehog"),
     (["--option", "projection=3"], "valid options: projections, channels"),
     (["--option", "oops"], "is not key=value"),
+    (["--option", "projections="], "option 'projections=' has no value"),
     (["--layers", "0,x"], "is not a comma-separated list"),
     (["--layers", "7"], "7 is out of range; give a non-empty list of distinct integers in 0..1"),
     (["--head", "decoder"], "unknown head 'decoder'; valid heads: base, sequence-classification"),

@@ -36,6 +36,9 @@ def parse_options(pairs, example="--option projections=16"):
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise LinearizeError(f"option {pair!r} is not key=value (example: {example})")
+        if not value.strip():  # a method option has no "unset": its default is what leaving it out gives
+            raise LinearizeError(f"option {pair!r} has no value: give one (example: {example}), or leave the option "
+                                 "out for its default")
         options[key.strip()] = _scalar(value)
     return options
 
