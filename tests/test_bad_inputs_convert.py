@@ -307,6 +307,12 @@ def test_eval_image_on_a_text_model_says_it_is_a_text_model(ws, model):
                     "image model (e.g. vit-base)")
 
 
+def test_run_on_an_image_task_with_a_text_model_says_it_is_a_text_model(ws):
+    _one_line_error("run --quick --task fashion-mnist --set data.data_dir={ws}/fmnist --model {ws}/tiny "
+                    "--out {ws}/outs/run-image", ws, f"{ws}/tiny is a text model (bert), but task fashion-mnist is an "
+                    "image task")
+
+
 Q = torch.randn(2, 4, 7, 8)
 
 

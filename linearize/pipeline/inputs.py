@@ -164,6 +164,7 @@ def _source_processor(model, spec):
     try:
         return auto.from_pretrained(source)
     except (OSError, ValueError) as error:
+        check_model_kind(source_config(model), spec, model)  # a text model on an image task says so
         raise LinearizeError(f"could not load the {'tokenizer' if spec.kind == 'text' else 'image processor'} of "
                              f"{model}: {str(error).splitlines()[0]}") from None
 
