@@ -531,3 +531,22 @@ def test_a_ctrl_c_wrapped_by_a_library_is_still_an_interrupt():
     except RuntimeError as error:
         assert caused_by_interrupt(error)
     assert not caused_by_interrupt(RuntimeError("a bug"))
+
+
+def test_save_refuses_a_non_empty_folder_and_replaces_it_whole_with_overwrite(tmp_path):
+    """linearize.save into a folder holding another model's files mixed the two (battery API45)."""
+    import linearize
+    from tiny_models import build
+
+    model = linearize.convert(build("bert"), "hedgehog")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "pytorch_model.bin").write_bytes(b"another model")
+    with pytest.raises(LinearizeError, match="exists and is not empty: name a new folder, or pass overwrite=True"):
+        linearize.save(model, folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["pytorch_model.bin"]  # untouched
+    linearize.save(model, folder, overwrite=True)
+    assert not (folder / "pytorch_model.bin").exists() and (folder / "config.json").is_file()
+    ids = torch.randint(5, 50, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(linearize.load(folder)(input_ids=ids).logits, model(input_ids=ids).logits)
