@@ -17,6 +17,7 @@ from linearize.attention.windowed import (band_mask, windowed_attention_weights,
                                           windowed_quadratic_attention, windowed_softmax_attention)
 from linearize.cli import app
 from linearize.convert import attention_modules, conversion_record
+from linearize.convert.backends.hf_attention import sliding_window_layers
 from linearize.convert.api import SUPPORTED, is_converted
 from linearize.convert.backends.hf_attention import linearize_attention_forward
 from linearize.convert.backends.hf_remote_code import auto_classes
@@ -105,7 +106,8 @@ def test_softmax_conversion_equals_the_original_and_a_method_changes_it(model_ty
     original = build(model_type, auto)
     batch = batch_for(model_type, auto)
     reference = first_output(original, batch)
-    softmax = linearize.convert(copy.deepcopy(original), "softmax", convert_sliding_window=True)
+    local = bool(sliding_window_layers(original))  # every layer, local ones too (a model without any: the default)
+    softmax = linearize.convert(copy.deepcopy(original), "softmax", convert_sliding_window=local)
     assert len(conversion_record(softmax).layers) == len(attention_modules(original))
     torch.testing.assert_close(real_rows(model_type, batch, first_output(softmax, batch)),
                                real_rows(model_type, batch, reference), atol=1e-5, rtol=0)
