@@ -277,10 +277,11 @@ def _refusal(place, name):
     return None
 
 
-def prepare_output_dir(path, overwrite=False):
-    """Refuse an existing non-empty folder unless ``overwrite`` (say how to proceed), a path a
-    folder cannot be made or written at, and the current folder (an output folder is written beside
-    its destination and renamed into place, which cannot replace the folder one is in)."""
+def prepare_output_dir(path, overwrite=False, how="--overwrite"):
+    """Refuse an existing non-empty folder unless ``overwrite`` (say how to proceed: ``how``, the flag or
+    argument that replaces it), a path a folder cannot be made or written at, and the current folder (an
+    output folder is written beside its destination and renamed into place, which cannot replace the
+    folder one is in)."""
     from .errors import LinearizeError
 
     path = check_output_path(path)
@@ -288,7 +289,7 @@ def prepare_output_dir(path, overwrite=False):
         raise LinearizeError(f"--out {path} is the folder you are in (or holds it): the output is written whole "
                              "and renamed into place, which cannot replace it; name a new folder, e.g. --out model")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise LinearizeError(f"output folder {path} exists and is not empty; pass --overwrite to replace it")
+        raise LinearizeError(f"output folder {path} exists and is not empty; pass {how} to replace it")
     return path
 
 

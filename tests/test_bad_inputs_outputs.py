@@ -542,7 +542,7 @@ def test_save_refuses_a_non_empty_folder_and_replaces_it_whole_with_overwrite(tm
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "pytorch_model.bin").write_bytes(b"another model")
-    with pytest.raises(LinearizeError, match="exists and is not empty: name a new folder, or pass overwrite=True"):
+    with pytest.raises(LinearizeError, match=r"model exists and is not empty; pass overwrite=True to replace it"):
         linearize.save(model, folder)
     assert sorted(p.name for p in folder.iterdir()) == ["pytorch_model.bin"]  # untouched
     linearize.save(model, folder, overwrite=True)

@@ -308,14 +308,12 @@ def save(model, directory, overwrite=False):
     """Save a converted model (any backend) so that ``linearize.load`` restores it exactly. The folder is
     written whole or not at all (``outputs.atomic_dir``); an existing non-empty one is replaced only with
     ``overwrite`` (it is refused otherwise: two models' files mixed in one folder would load as neither)."""
-    from ..outputs import atomic_dir
+    from ..outputs import atomic_dir, prepare_output_dir
 
     backend = backend_for(model)
     if backend is None or conversion_record(model) is None:
         raise LinearizeError("save() takes a model converted with linearize.convert")
-    path = Path(directory).expanduser()
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise LinearizeError(f"{path} exists and is not empty: name a new folder, or pass overwrite=True to replace it")
+    path = prepare_output_dir(directory, overwrite=overwrite, how="overwrite=True")
     with atomic_dir(path) as tmp:
         backend.save(model, tmp)
 
