@@ -13,15 +13,18 @@ the exact set. It is computed in two passes over chunks of whole blocks, as ``co
 attention is (every chunk-sized temporary in ``core.scratch`` buffers, so a user's process does not map and
 fault in new memory on every forward):
 
-1. keys: each chunk's features and their sums per block of ``R`` keys, ``Σ_{j∈block} φ(k_j)[v_j, 1]ᵀ``
-   (numerator and normaliser in one product, kept for the whole sequence: ``N/R`` blocks), and the sink
-   keys' features (a log-scaled map's running max rescales what came before, as in ``core``);
-2. queries: each chunk's blocks of queries with one block of keys on either side (a "halo"): the scores
-   against the query's own key block (and the sink keys, appended to it) and its two neighbours are three
-   batched products over all blocks of all rows at once (the rows laid out one after another, with one
-   block of padding between them, so the neighbour of a block is simply the next or previous one in the
-   batch); the linear part is one product with ``[S − S_E, z − z_E]`` per block (every query of a block has
-   one exact set: the global sums less the window's three block sums and the exact sinks' terms).
+1. keys: each chunk's features and their sums per block of ``R`` keys, ``γ Σ_{j∈block} φ(k_j)[v_j, 1]ᵀ``
+   (numerator and normaliser in one product, γ folded into the values, kept for the whole sequence: ``N/R``
+   blocks), and the sink keys' features (a log-scaled map's running max rescales what came before, as in
+   ``core``);
+2. queries: each chunk's blocks of queries with one block on either side (a "halo", the rows laid out one
+   after another with one block of padding between them, so a block's window, the blocks before, at and
+   after it, is 3R consecutive rows: a strided view). The exact part is one batched product for the scores
+   against every window and one for ``Σ exp(s_ij − c_i)[v_j, 1]`` (no copy of the windows); the linear part
+   one product with ``γ[S − S_W, z − z_W]`` per block (every query of a block has one window: the global
+   sums less the window's three block sums). A sink exact for the query (outside its window) moves from the
+   linear part to the exact one: its score joins the max ``c_i`` and its weight ``exp(s_is − c_i) −
+   γ φ(q_i)ᵀφ(k_s)`` multiplies ``[v_s, 1]``.
 
 No ``N×N`` tensor, no tensor of the whole sequence's features; O(N·(3R + D)·d) time.
 """
@@ -54,8 +57,8 @@ def chunked_hybrid_attention(q, k, v, feature_map, radius, sinks, gamma, key_pad
         chunk = chunk_tokens(batch * heads, feature_map.feature_dim, None)
     chunk = max(1, int(chunk) // block) * block
     mask = real_key_mask(key_padding_mask, batch, seq, k.device)
-    keys = _KeyPass(k, v, feature_map, mask, key_padding_mask is not None, scale, block, chunk, sinks, eps)
-    gamma = gamma.float().repeat_interleave(batch).reshape(-1, 1, 1)  # rows h·B + b (the halo repeats it per block)
+    gamma = gamma.float().repeat_interleave(batch).reshape(-1, 1, 1)  # rows h·B + b
+    keys = _KeyPass(k, v, feature_map, mask, key_padding_mask is not None, scale, block, chunk, sinks, gamma, eps)
     out = torch.empty(batch, seq, heads, v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, seq, chunk):
         stop = min(start + chunk, seq)
@@ -71,9 +74,10 @@ class _KeyPass:
     keys both carry it, so their products are the scores and the queries are the feature map's input), and
     the sinks (``sink_*``) when there are any."""
 
-    def __init__(self, k, v, feature_map, mask, padded, scale, block, chunk, sinks, eps):
+    def __init__(self, k, v, feature_map, mask, padded, scale, block, chunk, sinks, gamma, eps):
         batch, heads, seq, dim = k.shape
         self.k, self.v, self.mask, self.padded, self.root, self.block = k, v, mask, padded, scale**0.5, block
+        self.gamma = gamma
         self.batch, self.heads, self.rows, self.seq = batch, heads, batch * heads, seq
         count = -(-seq // block)
         dim_f, dim_v = feature_map.feature_dim, v.shape[-1]
@@ -136,13 +140,15 @@ class _KeyPass:
             padded[:, stop - start:].zero_()
             phi = padded
         values = self.values(start, stop, length).view(rows, length // block, block, -1)
+        real_v = values[..., :-1].sum(dim=(1, 2)).unsqueeze(1)
+        values.mul_(self.gamma[..., None])  # the linear part's γ, once here rather than per query
         features = phi.view(rows, length // block, block, -1)
         first, count = 1 + start // block, length // block
         sums = torch.matmul(features.transpose(-1, -2), values,
                             out=scratch("linearize.hybrid.part", (rows, count, phi.shape[-1], values.shape[-1]),
                                         phi.device))
         self.blocks[:, first:first + count].copy_(sums)
-        return values[..., :-1].sum(dim=(1, 2)).unsqueeze(1)
+        return real_v
 
     def _keep_sink_features(self, by_head, start, stop):
         """Keep the features of the sink keys that lie in this chunk (``by_head [H, B, c, D]``)."""
@@ -163,7 +169,7 @@ class _KeyPass:
         self.sink_keys, self.sink_values = gather(self.k) * self.root, gather(self.v)
         valid = self.sink_valid.repeat(self.heads, 1)[..., None]
         self.sink_features = self.sink_features * valid
-        self.sink_values = self.sink_values * valid
+        self.sink_rows = torch.cat([self.sink_values, torch.ones_like(self.sink_values[..., :1])], dim=-1) * valid
 
 
 def _halo(x, keys, start, stop, scale, name):
@@ -184,6 +190,33 @@ def _halo(x, keys, start, stop, scale, name):
     return halo.view(heads * batch * (count + 2), block, x.shape[-1])
 
 
+def _halo_values(keys, start, stop, real):
+    """The halo's ``[v_j, 1]`` (:func:`_halo`'s layout, ``[rows·(blocks + 2), R, d + 1]``): zeros outside the
+    sequence and on padded keys (``real``: :func:`_real_keys`), so one product gives a window's numerator and
+    its normaliser."""
+    block, heads, batch, dim_v = keys.block, keys.heads, keys.batch, keys.v.shape[-1]
+    count = real.shape[1] - 2
+    halo = scratch("linearize.hybrid.halo_values", (heads, batch, (count + 2) * block, dim_v + 1), keys.v.device)
+    low, high = max(0, start - block), min(keys.seq, start + (count + 1) * block)
+    offset = low - (start - block)
+    halo[:, :, :offset].zero_()
+    halo[:, :, offset:offset + high - low, :dim_v].copy_(keys.v[:, :, low:high].transpose(0, 1))
+    halo[:, :, offset:offset + high - low, dim_v].fill_(1.0)
+    halo[:, :, offset + high - low:].zero_()
+    if keys.padded:
+        halo.mul_(real.view(1, batch, -1, 1))
+    return halo.view(heads * batch * (count + 2), block, dim_v + 1)
+
+
+def _windows(halo, block):
+    """The windows of ``halo [rows·(blocks + 2), R, w]`` (contiguous): ``[rows·(blocks + 2) − 2, 3R, w]``, window
+    ``g`` the halo blocks ``g, g + 1, g + 2`` (the keys of the queries of block ``g + 1``). A view: consecutive
+    blocks are consecutive in memory, so every window is a strided slice and one batched product reads them all
+    without a copy (the windows centred on the padding blocks between two rows are computed and not used)."""
+    total, _, width = halo.shape
+    return halo.as_strided((total - 2, 3 * block, width), (block * width, width, 1), halo.storage_offset())
+
+
 def _real_keys(keys, start, stop):
     """``[B, blocks + 2, R]`` bool: the halo's keys that are real (inside the sequence, not padding)."""
     block = keys.block
@@ -195,66 +228,19 @@ def _real_keys(keys, start, stop):
     return real.view(keys.batch, count + 2, block)
 
 
-def _hide_keys(own, left, right, keys, real):
-    """``-inf`` on the scores of keys that are not real (``real [B, blocks + 2, R]``: :func:`_real_keys`): every
-    halo block's keys as the own block of its queries, the left block of the next block's and the right block
-    of the previous one's. Without padding only the blocks at the sequence's ends hold such keys, and only
-    they are touched."""
-    block = keys.block
-    shape = (keys.heads, keys.batch, -1, block, own.shape[-1])
-    own, left, right = own.view(shape)[..., :block], left.view(shape[:-1] + (block,)), right.view(shape[:-1] + (block,))
-    holes = (~real).any(dim=2).any(dim=0).nonzero().flatten().tolist() if not keys.padded else None
+def _hide_keys(scores, keys, real):
+    """``-inf`` on the window scores (``scores [rows·(blocks + 2), R, 3R]``, block ``c``'s queries against its
+    window) of keys that are not real (``real [B, blocks + 2, R]``: :func:`_real_keys`). Without padding only the
+    windows at the sequence's ends hold such keys, and only they are touched."""
+    block, count = keys.block, real.shape[1] - 2
+    windows = real.view(keys.batch, -1).unfold(1, 3 * block, block)  # [B, blocks, 3R]: block c + 1's window
+    view = scores.view(keys.heads, keys.batch, count + 2, block, 3 * block)[:, :, 1:count + 1]
+    holes = (~windows).any(dim=2).any(dim=0).nonzero().flatten().tolist() if not keys.padded else None
     if holes is None or len(holes) > 4:
-        hidden = ~real[None, :, :, None, :]
-        own.masked_fill_(hidden, float("-inf"))
-        left[:, :, 1:].masked_fill_(hidden[:, :, :-1], float("-inf"))
-        right[:, :, :-1].masked_fill_(hidden[:, :, 1:], float("-inf"))
+        view.masked_fill_(~windows[None, :, :, None, :], float("-inf"))
         return
-    last = real.shape[1] - 1
-    for index in holes:  # halo block ``index`` holds keys that are not real
-        hidden = ~real[None, :, index, None, :]
-        own[:, :, index].masked_fill_(hidden, float("-inf"))
-        if index < last:
-            left[:, :, index + 1].masked_fill_(hidden, float("-inf"))
-        if index > 0:
-            right[:, :, index - 1].masked_fill_(hidden, float("-inf"))
-
-
-def _window_scores(queries, halo_keys, keys, start, stop, real):
-    """The three score blocks ``(own, left, right)`` of every halo query block: ``own [rows·(blocks + 2), R,
-    R + S]`` against its own key block and the ``S`` sink keys (``-inf`` where a sink is not exact for the
-    block), ``left`` and ``right`` ``[rows·(blocks + 2), R, R]`` against the blocks before and after it;
-    ``-inf`` on keys that are not real (``real``: :func:`_real_keys`). The first and last block of each row are
-    padding (their rows are not used)."""
-    total, block, _ = queries.shape
-    own_keys = _with_sinks(halo_keys, keys, "keys")
-    own = scratch("linearize.hybrid.own", (total, block, own_keys.shape[1]), queries.device)
-    left = scratch("linearize.hybrid.left", (total, block, block), queries.device)
-    right = scratch("linearize.hybrid.right", (total, block, block), queries.device)
-    torch.bmm(queries, own_keys.transpose(1, 2), out=own)
-    torch.bmm(queries[1:], halo_keys[:-1].transpose(1, 2), out=left[1:])
-    torch.bmm(queries[:-1], halo_keys[1:].transpose(1, 2), out=right[:-1])
-    left[0].fill_(float("-inf"))
-    right[-1].fill_(float("-inf"))
-    _hide_keys(own, left, right, keys, real)
-    if keys.sinks:
-        exact = _exact_sinks(keys, start, stop)  # [B, blocks + 2, S]
-        sink_scores = own.view(keys.heads, keys.batch, -1, block, own.shape[-1])[..., block:]
-        sink_scores.masked_fill_(~exact[None, :, :, None, :], float("-inf"))
-    return own, left, right
-
-
-def _with_sinks(halo, keys, name):
-    """``halo [rows·(blocks + 2), R, d]`` with the row's sink keys (or values) appended to every block:
-    ``[rows·(blocks + 2), R + S, d]``; ``halo`` itself without sinks."""
-    if not keys.sinks:
-        return halo
-    total, block, dim = halo.shape
-    sinks = keys.sink_keys if name == "keys" else keys.sink_values  # [rows, S, d]
-    both = scratch(f"linearize.hybrid.own_{name}", (total, block + sinks.shape[1], dim), halo.device)
-    both[:, :block].copy_(halo)
-    both[:, block:].view(keys.rows, -1, sinks.shape[1], dim).copy_(sinks[:, None])
-    return both
+    for index in holes:  # block ``index + 1``'s window holds keys that are not real
+        view[:, :, index].masked_fill_(~windows[None, :, index, None, :], float("-inf"))
 
 
 def _exact_sinks(keys, start, stop):
@@ -267,43 +253,66 @@ def _exact_sinks(keys, start, stop):
     return away & keys.sink_valid[:, None, :]
 
 
+def _exact_window_part(queries, keys, start, stop, real):
+    """The exact part over each query's window: ``num [rows·(blocks + 2), R, d + 1]`` (``Σ_j exp(s_ij − c_i)[v_j,
+    1]`` over the window's real keys: the numerator and, as the last column, the normaliser), the sinks'
+    weights ``exp(s_is − c_i)`` (``[rows, halo, S]``, zero where a sink is not exact for the query; None without
+    sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. The first and the
+    last halo block's rows are padding (not written, not used)."""
+    total, block, _ = queries.shape
+    halo_keys = _halo(keys.k, keys, start, stop, keys.root, "linearize.hybrid.halo_keys")
+    window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
+    scores = window[1:-1]
+    torch.bmm(queries[1:-1], _windows(halo_keys, block).transpose(1, 2), out=scores)
+    _hide_keys(window, keys, real)
+    top = scores.amax(dim=-1, keepdim=True)
+    sink = None
+    if keys.sinks:  # the sink keys' scores, -inf where the sink is not exact for the query's block
+        sink = torch.bmm(queries.view(keys.rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2))
+        exact = _exact_sinks(keys, start, stop)
+        sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1]).masked_fill_(~exact[None, :, :, None, :],
+                                                                                    float("-inf"))
+        top = torch.maximum(top, sink.view(total, block, -1)[1:-1].amax(dim=-1, keepdim=True))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    scores.sub_(top).exp_()
+    num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
+    torch.bmm(scores, _windows(_halo_values(keys, start, stop, real), block), out=num[1:-1])
+    num[0].zero_()
+    num[-1].zero_()
+    if sink is not None:
+        flat = sink.view(total, block, -1)
+        flat[1:-1].sub_(top).exp_()
+        flat[0].zero_()
+        flat[-1].zero_()
+    return num, sink, exact if keys.sinks else None
+
+
 def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
     """Write the output rows of the queries ``start:stop`` into ``out``, a ``[H, B, stop - start, d]`` view of
-    the output."""
+    the output: the window's exact part (:func:`_exact_window_part`), plus ``φ(q_i)ᵀ γ(S − S_{W_i})`` per block
+    (:func:`_outside_window`, numerator and normaliser in one product), less ``γ φ(q_i)ᵀφ(k_s)[v_s, 1]`` for each
+    sink exact for the query (the sinks join its exact set: their linear terms leave it, their exact weights
+    join it)."""
     block, rows = keys.block, keys.rows
-    count = -(-(stop - start) // block)
     queries = _halo(q, keys, start, stop, keys.root, "linearize.hybrid.queries")
-    halo_keys = _halo(keys.k, keys, start, stop, keys.root, "linearize.hybrid.halo_keys")
-    halo_values = _halo(keys.v, keys, start, stop, 1.0, "linearize.hybrid.halo_values")
-    real = _real_keys(keys, start, stop)
-    if keys.padded:
-        halo_values.mul_(real.repeat(keys.heads, 1, 1).view(-1, block, 1))
-    own, left, right = _window_scores(queries, halo_keys, keys, start, stop, real)
-    top = torch.maximum(torch.maximum(own.amax(dim=-1, keepdim=True), left.amax(dim=-1, keepdim=True)),
-                        right.amax(dim=-1, keepdim=True))
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    own.sub_(top).exp_()
-    left.sub_(top).exp_()
-    right.sub_(top).exp_()
-    num = torch.bmm(own, _with_sinks(halo_values, keys, "values"))
-    num[1:].baddbmm_(left[1:], halo_values[:-1])
-    num[:-1].baddbmm_(right[:-1], halo_values[1:])
-    den = own.sum(dim=-1, keepdim=True).add_(left.sum(dim=-1, keepdim=True)).add_(right.sum(dim=-1, keepdim=True))
+    num, sink, exact = _exact_window_part(queries, keys, start, stop, _real_keys(keys, start, stop))
     phi = _query_features(queries, keys, feature_map, mask, start)  # [rows·(blocks + 2), R, D]
-    linear = torch.bmm(phi, _outside_exact(keys, start, stop))  # numerator and normaliser in one product
-    gamma = gamma.repeat_interleave(count + 2, 0)  # per halo block
-    num = num.addcmul_(linear[..., :-1], gamma).view(rows, -1, num.shape[-1])
-    den = den.addcmul_(linear[..., -1:], gamma).view(rows, -1, 1)
-    num, den = num.add_(keys.bias), guard_denominator(den.add_(eps), eps)
+    num.baddbmm_(phi, _outside_window(keys, start, stop))
+    if sink is not None:
+        linear = torch.bmm(phi.view(rows, -1, phi.shape[-1]), keys.sink_features.transpose(1, 2))  # [rows, halo, S]
+        linear.view(keys.heads, keys.batch, -1, block, linear.shape[-1]).mul_(exact[None, :, :, None, :])
+        weights = sink.view(rows, -1, sink.shape[-1]).addcmul_(linear, gamma, value=-1.0)
+        num.view(rows, -1, num.shape[-1]).baddbmm_(weights, keys.sink_rows)
+    num = num.view(rows, -1, num.shape[-1])
+    values = num[..., :-1].add_(keys.bias)
+    den = guard_denominator(num[..., -1:].add_(eps), eps)
     size = stop - start
-    num = num.view(keys.heads, keys.batch, -1, num.shape[-1])[:, :, block:block + size]
+    values = values.view(keys.heads, keys.batch, -1, values.shape[-1])[:, :, block:block + size]
     den = den.view(keys.heads, keys.batch, -1, 1)[:, :, block:block + size]
     if out.dtype == torch.float32:
-        torch.div(num, den, out=out)
+        torch.div(values, den, out=out)
     else:
-        out.copy_(cast_finite(num.div_(den), out.dtype))
-
-
+        out.copy_(cast_finite(values / den, out.dtype))
 def _query_features(queries, keys, feature_map, mask, start):
     """The features of the halo queries ``[rows·(blocks + 2), R, D]`` (``queries`` times ``√scale``, the map's
     input; the padding blocks' rows are not used). The map sees the halo as a chunk of a sequence with ``R``
@@ -326,11 +335,11 @@ def _query_features(queries, keys, feature_map, mask, start):
     return rows.reshape(-1, block, rows.shape[-1])
 
 
-def _outside_exact(keys, start, stop):
-    """``[S − S_E, z − z_E]`` ``[rows·(blocks + 2), D, d + 1]`` for every halo query block (the padding blocks
-    get zeros): the global sums less the exact set's (the window's three block sums and the sinks exact for
-    the block: every query of a block has one exact set), the normaliser's as the last column (one product
-    gives both: a matrix-vector ``bmm`` of many small blocks costs as much as the numerator's)."""
+def _outside_window(keys, start, stop):
+    """``γ[S − S_W, z − z_W]`` ``[rows·(blocks + 2), D, d + 1]`` for every halo query block (the padding blocks get
+    zeros): the global sums less the window's three block sums (every query of a block has one window), the
+    normaliser's as the last column (γ is in the block sums already: :meth:`_KeyPass._add_blocks`). Three passes
+    over the blocks' states (a running total, ``torch.cumsum``, would need two but costs more than a pass here)."""
     rows, first, block = keys.rows, start // keys.block, keys.block
     count = -(-(stop - start) // block)
     dim_f, width = keys.state.shape[1:]
@@ -338,12 +347,6 @@ def _outside_exact(keys, start, stop):
     middle = both[:, 1:count + 1]
     torch.sub(keys.state[:, None], keys.blocks[:, first:first + count], out=middle)
     middle.sub_(keys.blocks[:, first + 1:first + count + 1]).sub_(keys.blocks[:, first + 2:first + count + 2])
-    if keys.sinks:  # less φ(k_s)[v_s, 1]ᵀ of each sink exact for the block (a rank-one term: no product with k = 1)
-        exact = _exact_sinks(keys, start, stop)[:, 1:count + 1].repeat(keys.heads, 1, 1).float()  # [rows, blocks, S]
-        ones = torch.ones_like(keys.sink_values[..., :1])
-        terms = keys.sink_features[..., :, None] * torch.cat([keys.sink_values, ones], dim=-1)[..., None, :]
-        for sink in range(exact.shape[-1]):
-            middle.addcmul_(exact[:, :, sink, None, None], terms[:, None, sink], value=-1.0)
     both[:, 0].zero_()
     both[:, count + 1].zero_()
     return both.view(-1, dim_f, width)
