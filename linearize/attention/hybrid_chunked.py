@@ -183,9 +183,10 @@ def _halo(x, keys, start, stop, scale, name):
     offset = low - (start - block)
     halo[:, :, :offset].zero_()
     part = halo[:, :, offset:offset + high - low]
-    part.copy_(x[:, :, low:high].transpose(0, 1))
-    if scale != 1.0:
-        part.mul_(scale)
+    if scale != 1.0:  # the copy and the scaling in one pass
+        torch.mul(x[:, :, low:high].transpose(0, 1), scale, out=part)
+    else:
+        part.copy_(x[:, :, low:high].transpose(0, 1))
     halo[:, :, offset + high - low:].zero_()
     return halo.view(heads * batch * (count + 2), block, x.shape[-1])
 
