@@ -197,6 +197,8 @@ def summarize(results):
                      "others": _other_scores({label: reports}, "student", others),
                      "speedups": {str(n): _mean_std([row.speedup for r in reports for row in r.latency.at_lengths
                                                      if row.seq_len == n])[0] for n in lengths},
+                     "own_length_speedup": _mean_std([r.latency.own_lengths.speedup for r in reports
+                                                      if r.latency.own_lengths is not None])[0],
                      "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports)})
     return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
             "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe.get("name"),
@@ -222,8 +224,10 @@ def render(table):
         return fmt.format(mean) + (f" ± {fmt.format(std)}" if std else "")
 
     others, lengths = table.get("other_metrics", []), table.get("speedup_lengths", [])
+    own = any(row.get("own_length_speedup") is not None for row in table["rows"])  # reports before it have none
     header = [f"{table['model']} on {table['task']}", f"{table['metric']} ({table['split']})", "recovery %",
               *others, "attention KL after stage 1", "params added", f"latency ms (N={table['latency_seq_len']})",
+              *(["speed-up per example (own lengths)"] if own else []),
               *(f"speed-up at {n:,}" for n in lengths), "conversion time s", "seeds"]
     rows = []
     for row in table["rows"]:
@@ -233,7 +237,8 @@ def render(table):
         rows.append([row["row"], cell(row["metric_mean"], row["metric_std"]),
                      cell(row["recovery_mean"], row["recovery_std"], "{:.1f}"),
                      *(cell(*row.get("others", {}).get(name, (None, None))) for name in others),
-                     cell(row["kl_mean"], None), params, cell(row["latency_ms"], None, "{:.1f}"), *speedups,
+                     cell(row["kl_mean"], None), params, cell(row["latency_ms"], None, "{:.1f}"),
+                     *([cell(row.get("own_length_speedup"), None, "{:.2f}×")] if own else []), *speedups,
                      cell(row.get("seconds_mean"), None, "{:.0f}"), row["seeds"]])
     lines = [markdown_table(header, rows)]
     kept = [f"{row['row']} ({row['stage1_kept']} of {row['seeds']})" for row in table["rows"] if row.get("stage1_kept")]

@@ -81,7 +81,7 @@ LIMITS = {
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
     "max_eval_examples": COUNT, "document_length": NON_NEGATIVE, "keep_softmax": NON_NEGATIVE,
     "image_size": COUNT, "num_channels": COUNT, "eval_batches": COUNT, "latency_batch_size": COUNT,
-    "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE,
+    "latency_repeats": COUNT, "latency_max_length": COUNT, "examples": NON_NEGATIVE, "latency_examples": NON_NEGATIVE,
     "latency_lengths": (lambda value: all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value),
                         "a list of lengths (each >= 1), or [] for none"),
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
@@ -362,6 +362,10 @@ class EvalConfig(Config):
                       "positions is timed on a copy with its table tiled to the length (as linearize bench long "
                       "does); lengths up to the run's own, or beyond eval.latency_max_length, are left out. [] for "
                       "none.")
+    latency_examples: int = setting(
+        100, "Also time teacher and student on this many examples of the report's split at their own lengths (text "
+             "tasks, batch 1, no padding, the two alternating): the mean time per example, what a user with inputs "
+             "like the task's pays; the report and the model card give it. 0: none.")
     examples: int = setting(3, "Examples whose attention the report draws.")
 
 

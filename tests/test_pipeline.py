@@ -68,6 +68,16 @@ def test_run_writes_report_model_and_resumes(workspace):
     assert all(row["teacher_ms"] > 0 and row["student_ms"] > 0 and row["repeats"] == 2 for row in longer)
     assert all(row["speedup"] == pytest.approx(row["teacher_ms"] / row["student_ms"]) for row in longer)
     assert "| 4,096 |" in (out / "report.md").read_text()
+    # and on the test examples at their own lengths (eval.latency_examples, default 100: the split's 16 here), each
+    # with its real tokens only: the texts are shorter than max_length 16, so the mean length is under it
+    own = report["latency"]["own_lengths"]
+    assert own["examples"] == 15 and own["teacher_ms"] > 0 and own["student_ms"] > 0  # 16 less the warm-up
+    assert 2 < own["mean_tokens"] < 16 and own["speedup"] == pytest.approx(own["teacher_ms"] / own["student_ms"])
+    assert "At the task's own lengths: 15 examples" in (out / "report.md").read_text()
+    from linearize.push import plan
+
+    card = plan(out / "model", "someone/model").card
+    assert "Time per example at the task's own lengths (15 examples" in card
     assert linearize.load(out / "model").config.max_position_embeddings == 512  # the saved model is not extended
     assert report["visuals"]["cls_attention"][0]["tokens"][0] == "[CLS]"
     assert report["data_hash"].startswith("sha256:")
@@ -216,6 +226,10 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert not reports[1]["curves"]["stage1"] and reports[0]["curves"]["stage1"]
     markdown = (out / "compare.md").read_text()
     assert "| t2r, no stage 1 |" in markdown and "recovery %" in markdown
+    # the mean speed-up per example at the test texts' own lengths, a column beside the fixed-length ones
+    assert "speed-up per example (own lengths)" in markdown
+    elu = reports[2]["latency"]["own_lengths"]
+    assert table["rows"][3]["own_length_speedup"] == pytest.approx(elu["teacher_ms"] / elu["student_ms"])
     more = compare(recipe, out, methods=["relu"], seeds=[0], progress=False, log=lambda *a, **k: None)
     assert not (out / "seed0" / "relu" / "work" / "teacher").exists()  # continued: the seed's teacher is reused
     assert more["rows"][1]["row"] == "relu"

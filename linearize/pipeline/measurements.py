@@ -26,7 +26,7 @@ def latency(teacher, student, batch, repeats=10):
         model.eval()
     batch = on_device(batch, teacher)  # a model trained on a GPU stays there
     times = interleaved_times({"teacher": lambda: teacher(**batch), "student": lambda: student(**batch)},
-                              repeats=repeats, warmup=1)
+                              repeats=repeats, warmup=1, placement=placement_of(teacher))
     t, s = (1000 * statistics.median(times[name]) for name in ("teacher", "student"))
     return {"teacher_ms": t, "student_ms": s, "speedup": t / s if s else None, "repeats": repeats}
 
@@ -51,6 +51,47 @@ def latency_at_lengths(teacher, student, token_ids, lengths, repeats):
     return rows
 
 
+@torch.no_grad()
+def latency_per_example(teacher, student, loader, count):
+    """Mean forward time (ms) per example of teacher and student over the first ``count`` examples of ``loader``
+    (a text task's batches), each at its own length: its real tokens only, batch 1. The two models alternate,
+    the first one of each example taking turns, after one untimed example (a warm-up). ``{"examples",
+    "mean_tokens", "teacher_ms", "student_ms", "speedup"}``, or None when the loader has no example."""
+    from ..bench import interleaved_times
+
+    examples = list(_own_length_inputs(loader, count + 1, teacher))
+    if len(examples) < 2:
+        return None
+    models, placement = {"teacher": teacher.eval(), "student": student.eval()}, placement_of(teacher)
+    totals = {name: 0.0 for name in models}
+    for index, inputs in enumerate(examples):
+        order = list(models) if index % 2 else list(models)[::-1]
+        calls = {name: lambda model=models[name]: model(**inputs) for name in order}
+        for name, seconds in interleaved_times(calls, repeats=1, warmup=0, placement=placement).items():
+            totals[name] += seconds[0] if index else 0.0  # example 0 warms up
+    timed = len(examples) - 1
+    teacher_ms, student_ms = (1000 * totals[name] / timed for name in models)
+    tokens = sum(inputs["input_ids"].shape[1] for inputs in examples[1:]) / timed
+    return {"examples": timed, "mean_tokens": tokens, "teacher_ms": teacher_ms, "student_ms": student_ms,
+            "speedup": teacher_ms / student_ms if student_ms else None}
+
+
+def _own_length_inputs(loader, count, model):
+    """Up to ``count`` single-example inputs from ``loader``'s batches, each cut to its real tokens (its
+    attention mask's ones), on ``model``'s device."""
+    found = 0
+    for batch in loader:
+        if "input_ids" not in batch:  # not a single-text task (pairs of texts come as two inputs)
+            return
+        mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"]))
+        for ids, real in zip(batch["input_ids"], mask):
+            ids = ids[real.bool()][None]
+            yield on_device({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, model)
+            found += 1
+            if found == count:
+                return
+
+
 def longer_lengths(config, spec, model, seq_len):
     """The lengths of ``eval.latency_lengths`` a run times beside its own ``seq_len``: text models only,
     longer than ``seq_len``, at most ``eval.latency_max_length`` and what the model's positions allow
@@ -63,6 +104,13 @@ def longer_lengths(config, spec, model, seq_len):
     if learned_positions(model) is None and getattr(model.config, "max_position_embeddings", None):
         limit = min(limit, model.config.max_position_embeddings)
     return sorted({n for n in config.eval.latency_lengths if seq_len < n <= limit})
+
+
+def placement_of(model):
+    """The benchmark placement of ``model``'s device: its timer waits for a GPU's queued kernels."""
+    from ..bench import Placement
+
+    return Placement(device=str(next(model.parameters()).device))
 
 
 def on_device(batch, model):

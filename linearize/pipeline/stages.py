@@ -25,7 +25,8 @@ from ..training import has_device, main_process_first, on_main_process
 from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_saved, save_model
 from .inputs import (TaskData, attention_dropout_warning, build_source_model, check_head, check_label_order,
                      source_config)
-from .measurements import cls_attention, latency, latency_at_lengths, latency_batch, longer_lengths, luna_channels
+from .measurements import (cls_attention, latency, latency_at_lengths, latency_batch, latency_per_example, longer_lengths,
+                           luna_channels)
 from .run_report import build_report, write_run_report
 
 STAGES = ("teacher", "stage1", "stage2")
@@ -300,7 +301,21 @@ def measure_latency(ctx, teacher, student):
         ctx.state.finish("latency_lengths", on_main_process(latency_at_lengths, teacher, student,
                                                             batch["input_ids"][:1], lengths, repeats))
     at_lengths = ctx.state.get("latency_lengths") if ctx.state.done("latency_lengths") else []
-    return {**ctx.state.get("latency"), "at_lengths": at_lengths}, seq_len, batch
+    return {**ctx.state.get("latency"), "at_lengths": at_lengths, "own_lengths": _own_length_latency(ctx, teacher, student)}, \
+        seq_len, batch
+
+
+def _own_length_latency(ctx, teacher, student):
+    """The mean time per example of the report's split at its own length (``eval.latency_examples``; text tasks),
+    measured once, or None."""
+    count = ctx.config.eval.latency_examples
+    if ctx.task.spec.kind != "text" or not count:
+        return None
+    if not ctx.state.done("latency_examples"):
+        ctx.log(f"      and on {count:,} {ctx.report_split} examples at their own lengths (eval.latency_examples)")
+        ctx.state.finish("latency_examples", on_main_process(latency_per_example, teacher, student,
+                                                             ctx.eval_loaders[ctx.report_split], count))
+    return ctx.state.get("latency_examples")
 
 
 def figure_data(ctx, teacher, student):

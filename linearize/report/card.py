@@ -324,6 +324,10 @@ def _recovery_section(report, figures):
     longer = [f"{row.speedup:.2f}× at {row.seq_len:,} tokens" for row in latency.at_lengths if row.speedup is not None]
     if longer:
         facts.append(f"- Whole-model speed against the softmax teacher (batch 1): {', '.join(longer)}.")
+    own = latency.own_lengths
+    if own is not None and own.teacher_ms is not None and own.student_ms is not None:
+        facts.append(f"- Time per example at the task's own lengths ({own.examples:,} examples, {own.mean_tokens:,.0f} "
+                     f"tokens on average, batch 1): teacher {own.teacher_ms:.1f} ms, student {own.student_ms:.1f} ms.")
     if facts:
         lines += facts + [""]
     if figures:

@@ -417,6 +417,16 @@ def _latency_section(report):
                                  [[f"{row.seq_len:,}", _fmt_ms(row.teacher_ms), _fmt_ms(row.student_ms),
                                    "–" if row.speedup is None else f"**{row.speedup:.2f}×**"]
                                   for row in latency.at_lengths], align=["---:"] * 4)]
+    own = latency.own_lengths
+    if own is not None and own.teacher_ms is not None and own.student_ms is not None:
+        lines += ["", f"At the task's own lengths: {own.examples:,} examples of the report's split, each with its real "
+                      f"tokens only ({own.mean_tokens:,.0f} on average), batch 1, the models alternating; mean time per "
+                      "example:", "",
+                  markdown_table(["per example", "time"],
+                                 [["teacher (softmax attention)", _fmt_ms(own.teacher_ms)],
+                                  ["student (linear attention)", _fmt_ms(own.student_ms)],
+                                  ["speed-up", "–" if own.speedup is None else f"**{own.speedup:.2f}×**"
+                                   + (" (slower)" if own.speedup < 1 else "")]])]
     return lines + ["", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
                         "overhead can outweigh it."]
 

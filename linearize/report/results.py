@@ -35,7 +35,9 @@ for readers of the file.
                 "total_seconds": 640.0},
      "latency": {"seq_len": 64, "batch_size": 32, "teacher_ms": 40.1, "student_ms": 38.0, "speedup": 1.05,
                  "at_lengths": [{"seq_len": 2048, "teacher_ms": 590.0, "student_ms": 380.0, "speedup": 1.55},
-                                ...]},  # batch 1 at eval.latency_lengths beyond the run's own length
+                                ...],  # batch 1 at eval.latency_lengths beyond the run's own length
+                 "own_lengths": {"examples": 100, "mean_tokens": 851.2, "teacher_ms": 133.2, "student_ms": 110.0,
+                                 "speedup": 1.21}},  # mean per example at its own length (eval.latency_examples)
      "selection": {"metric": "accuracy",     # stage 2's model selection on the selection split
                    "candidates": [{"epoch": 0, "score": 0.806},   # epoch 0: the stage-1 model
                                   {"epoch": 1, "score": 0.794}],  # then stage 2's epochs
@@ -345,7 +347,8 @@ class Timing:
 @dataclass(frozen=True)
 class Latency:
     """Teacher and student forward time at the run's own length (``seq_len``, ``batch_size``), and at the
-    longer lengths of ``eval.latency_lengths`` (``at_lengths``: :class:`LengthLatency` rows, batch 1)."""
+    longer lengths of ``eval.latency_lengths`` (``at_lengths``: :class:`LengthLatency` rows, batch 1), and the mean
+    time per example of the report's split at its own length (``own_lengths``: :class:`OwnLengthLatency`)."""
 
     seq_len: int | None = None
     batch_size: int | None = None
@@ -354,6 +357,7 @@ class Latency:
     speedup: float | None = None
     repeats: int | None = None
     at_lengths: tuple = ()
+    own_lengths: OwnLengthLatency | None = None
 
     @classmethod
     def from_json(cls, data):
@@ -362,11 +366,17 @@ class Latency:
             out["speedup"] = out["teacher_ms"] / out["student_ms"]
         rows = out.get("at_lengths") if isinstance(out.get("at_lengths"), list) else []
         out["at_lengths"] = tuple(LengthLatency.from_json(row) for row in rows if isinstance(row, dict))
+        own = out.get("own_lengths")
+        out["own_lengths"] = OwnLengthLatency.from_json(own) if isinstance(own, dict) else None
         return cls(**out)
 
     def to_json(self):
-        out = _section_json(dataclasses.replace(self, at_lengths=None))  # left out when there are none
-        return {**out, "at_lengths": [_section_json(row) for row in self.at_lengths]} if self.at_lengths else out
+        out = _section_json(dataclasses.replace(self, at_lengths=None, own_lengths=None))  # left out when none
+        if self.at_lengths:
+            out["at_lengths"] = [_section_json(row) for row in self.at_lengths]
+        if self.own_lengths is not None:
+            out["own_lengths"] = _section_json(self.own_lengths)
+        return out
 
 
 @dataclass(frozen=True)
@@ -382,6 +392,22 @@ class LengthLatency:
     @classmethod
     def from_json(cls, data):
         return cls(**_fields(cls, data, ("teacher_ms", "student_ms", "speedup")))
+
+
+@dataclass(frozen=True)
+class OwnLengthLatency:
+    """Teacher and student mean forward time per example (ms) over ``examples`` examples of the report's split, each
+    at its own length (``mean_tokens`` on average), batch 1, no padding."""
+
+    examples: int | None = None
+    mean_tokens: float | None = None
+    teacher_ms: float | None = None
+    student_ms: float | None = None
+    speedup: float | None = None
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**_fields(cls, data, ("mean_tokens", "teacher_ms", "student_ms", "speedup")))
 
 
 @dataclass(frozen=True)
