@@ -91,6 +91,8 @@ LIMITS = {
               "none, first, last or first,last"),
     "layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
                "a non-empty list of distinct layer indices (0 or more), or null for every layer"),
+    "hybrid_layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
+                      "a non-empty list of distinct layer indices (0 or more), or null for every converted layer"),
 }
 
 
@@ -232,6 +234,10 @@ class HybridConfig(Config):
         None, "Initial weight γ of the linear part against the exact part (learned per head in stages 1 and 2); "
               "default: the method's start measured before training, the best single γ with a window and a sink "
               "(docs/experiments/hybrid: Hedgehog 0.1, T2R 0.03, DARKFormer 10; 0.1 for a method not measured yet).")
+    hybrid_layers: list[int] | None = setting(
+        None, "The converted layers that get the window and the sinks (repeat the option: --hybrid-layers 0 "
+              "--hybrid-layers 1); the other converted layers are pure linear attention. Default: every converted "
+              "layer. Each hybrid layer costs more than a linear one (docs/experiments/hybrid, 'Which layers').")
 
 
 @dataclass

@@ -75,7 +75,7 @@ def test_the_block_round_trips_through_json():
     stored = json.loads(json.dumps(hybrid.to_block()))
     assert stored["_data"]["sinks"] == ["first", "last"]
     back = ConversionRecord.from_block(stored)
-    assert back == hybrid and back.hybrid == {"window": 32, "sinks": ("first", "last"), "gamma": 0.5}
+    assert back == hybrid and back.hybrid == {"window": 32, "sinks": ("first", "last"), "gamma": 0.5, "hybrid_layers": None}
 
 
 def test_blocks_it_cannot_read_are_refused_in_one_line():

@@ -516,7 +516,7 @@ def test_converted_bert_records_the_settings_and_returns_hybrid_rows():
     model = hybrid_bert(gamma=0.5)
     record = conversion_record(model)
     assert (record.window, record.sinks, record.gamma) == (4, ("first", "last"), 0.5)
-    assert record.hybrid == {"window": 4, "sinks": ("first", "last"), "gamma": 0.5}
+    assert record.hybrid == {"window": 4, "sinks": ("first", "last"), "gamma": 0.5, "hybrid_layers": None}
     maps = feature_maps_of(model)
     assert sorted(maps) == [0, 1]
     assert all(fm.window == 4 and fm.sinks == ("first", "last") for fm in maps.values())
@@ -594,7 +594,7 @@ def test_sinks_without_a_window():
     model = hybrid_bert(window=0, sinks="first,last")
     record = conversion_record(model)
     assert (record.window, record.sinks) == (0, ("first", "last"))
-    assert record.hybrid == {"window": 0, "sinks": ("first", "last"), "gamma": 0.1}
+    assert record.hybrid == {"window": 0, "sinks": ("first", "last"), "gamma": 0.1, "hybrid_layers": None}
     assert all(fm.is_hybrid and fm.window == 0 for fm in feature_maps_of(model).values())
     batch = inputs("bert", seq=12, pad=3)
     with torch.no_grad():
@@ -626,7 +626,7 @@ REMOTE_HYBRID = WITHOUT_LINEARIZE + textwrap.dedent("""
         results[directory] = {"class": type(model).__name__, "difference": difference,
                               "record": model.config.linearize["_data"], "windows": [m.window for m in maps],
                               "sinks": [list(m.sinks) for m in maps],
-                              "log_gamma": [m.hybrid_log_gamma.tolist() for m in maps]}
+                              "log_gamma": [m.hybrid_log_gamma.tolist() if m.is_hybrid else None for m in maps]}
     assert not any(name.split(".")[0] == "linearize" for name in sys.modules)
     print(json.dumps(results))
 """)
@@ -686,6 +686,24 @@ def test_remote_code_without_linearize_keeps_the_hybrid_layers(tmp_path):
         assert result["windows"] == [window] * 2 and result["sinks"] == [list(sinks)] * 2
         for index, values in enumerate(result["log_gamma"]):
             assert values == pytest.approx([0.1 + index, -0.3 + index, 0.5 + index, 0.0 + index], abs=1e-6)
+
+
+def test_remote_code_without_linearize_keeps_hybrid_layers_apart(tmp_path):
+    """``hybrid_layers`` through the saved remote code: layer 1 hybrid with its trained γ, layer 0 pure."""
+    batch = inputs("bert", seq=12, pad=3)
+    model = hybrid_bert(window=4, sinks="first", hybrid_layers=[1])
+    with torch.no_grad():
+        feature_maps_of(model)[1].hybrid_log_gamma.copy_(torch.tensor([0.2, -0.1, 0.4, 0.3]))
+        expected = {str(tmp_path / "model"): model(**batch).logits}
+    model.save_pretrained(tmp_path / "model")
+    torch.save((batch, expected), tmp_path / "batch.pt")
+    done = subprocess.run([sys.executable, "-c", REMOTE_HYBRID, str(tmp_path / "batch.pt"), *expected],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])[str(tmp_path / "model")]
+    assert result["difference"] <= 1e-6 and result["record"]["hybrid_layers"] == [1]
+    assert result["windows"] == [0, 4] and result["log_gamma"][0] is None
+    assert result["log_gamma"][1] == pytest.approx([0.2, -0.1, 0.4, 0.3], abs=1e-6)
 
 
 # ---- 6. the timm backend -------------------------------------------------------------------------------------
@@ -920,11 +938,14 @@ def test_recipe_hybrid_section_reaches_the_conversion_checks():
     from linearize.recipes import load_recipe, parse_set
 
     config = load_recipe(None, quick=True, overrides=parse_set(["hybrid.window=32", "hybrid.sinks=first,last",
-                                                                "hybrid.gamma=0.5"]))
-    assert config.hybrid.to_dict() == {"window": 32, "sinks": "first,last", "gamma": 0.5}
+                                                                "hybrid.gamma=0.5", "hybrid.hybrid_layers=[1]"]))
+    assert config.hybrid.to_dict() == {"window": 32, "sinks": "first,last", "gamma": 0.5, "hybrid_layers": [1]}
     check_convertible(build("bert"), "hedgehog", **config.hybrid.to_dict())
-    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": None}
-    for pair in ("hybrid.sinks=middle", "hybrid.window=-1", "hybrid.gamma=0"):
+    with pytest.raises(LinearizeError, match=r"--hybrid-layers \[1\]: not converted"):
+        check_convertible(build("bert"), "hedgehog", layers=[0], **config.hybrid.to_dict())
+    assert load_recipe(None, quick=True).hybrid.to_dict() == {"window": 0, "sinks": "none", "gamma": None,
+                                                               "hybrid_layers": None}
+    for pair in ("hybrid.sinks=middle", "hybrid.window=-1", "hybrid.gamma=0", "hybrid.hybrid_layers=[]"):
         with pytest.raises(LinearizeError, match=pair.split(".")[1].split("=")[0]):
             load_recipe(None, quick=True, overrides=parse_set([pair]))
     config = load_recipe(None, quick=True, overrides=parse_set(["hybrid.sinks=first"]))  # sinks, no window
@@ -939,3 +960,55 @@ def test_check_convertible_refuses_what_convert_refuses(hybrid_options):
         linearize.convert(build("bert"), "softmax", **hybrid_options)
     with pytest.raises(LinearizeError, match="softmax is exact already"):
         check_convertible(build("bert"), "softmax", **hybrid_options)
+
+
+# ---- hybrid in some layers only ----------------------------------------------------------------------
+
+def test_hybrid_layers_make_only_those_layers_hybrid_and_survive_save_and_load(tmp_path):
+    """``hybrid_layers``: the named converted layers get the window and sinks, the others stay pure linear
+    attention; the record keeps the choice, so linearize.load and the report describe it, and the output is the
+    layers' own (a hybrid layer against its quadratic reference, a pure one against pure linear attention)."""
+    model = hybrid_bert(window=4, sinks="first", hybrid_layers=[1])
+    record = conversion_record(model)
+    assert record.hybrid_layers == (1,) and record.hybrid["hybrid_layers"] == (1,)
+    maps = feature_maps_of(model)
+    assert not maps[0].is_hybrid and maps[1].is_hybrid and maps[1].window == 4
+    assert not hasattr(maps[0], "hybrid_log_gamma")  # a pure layer has no γ to train
+    batch = inputs("bert", seq=12, pad=3)
+    model.save_pretrained(tmp_path / "saved")
+    loaded = linearize.load(tmp_path / "saved")
+    assert conversion_record(loaded).hybrid_layers == (1,)
+    assert [fm.is_hybrid for _, fm in sorted(feature_maps_of(loaded).items())] == [False, True]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits)
+    from linearize.attention.hybrid import describe
+
+    assert describe("hedgehog", 4, ("first",), (1,)).startswith("hybrid in layers 1 (the other converted layers: ")
+
+
+def test_hybrid_layers_are_refused_where_they_cannot_take_effect():
+    for kwargs, message in (({"window": 4, "hybrid_layers": [2]}, r"--hybrid-layers \[2\]: not converted"),
+                            ({"window": 4, "layers": [0], "hybrid_layers": [1]}, "not converted"),
+                            ({"hybrid_layers": [0]}, "without --window or --sinks"),
+                            ({"window": 4, "hybrid_layers": "0+x"}, "give layer indices"),
+                            ({"window": 4, "hybrid_layers": [0, 0]}, "distinct")):
+        with pytest.raises(LinearizeError, match=message):
+            linearize.convert(build("bert"), "hedgehog", **kwargs)
+
+
+def test_bench_spec_and_revert_layers_keep_the_hybrid_layers():
+    """A bench spec names them with ``+`` (``hybrid_layers=0+1``); ``revert_layers`` keeps the hybrid layers still
+    converted, and a model left with no hybrid layer is pure linear attention."""
+    from linearize.bench import method_specs
+    from linearize.convert.api import revert_layers
+
+    [(label, name, options)] = method_specs("hedgehog(window=4,sinks=first,hybrid_layers=0+1)")
+    assert options["hybrid_layers"] == "0+1"
+    model = linearize.convert(build("bert"), name, **options)
+    assert conversion_record(model).hybrid_layers == (0, 1)
+    revert_layers(model, [1])
+    assert conversion_record(model).hybrid_layers == (0,) and feature_maps_of(model)[0].is_hybrid
+    model = hybrid_bert(window=4, sinks="first", hybrid_layers=[1])
+    revert_layers(model, [1])
+    record = conversion_record(model)
+    assert record.hybrid is None and not feature_maps_of(model)[0].is_hybrid

@@ -84,8 +84,9 @@ def parse_sinks(sinks):
     return tuple(name for name in SINK_NAMES if name in names)
 
 
-def describe(method, window=0, sinks=()):
-    """One line on how a converted layer attends, for summaries, reports and model cards."""
+def describe(method, window=0, sinks=(), hybrid_layers=None):
+    """One line on how a converted layer attends, for summaries, reports and model cards (``hybrid_layers``: the
+    hybrid ones, None for every converted layer)."""
     sinks = parse_sinks(sinks)
     if not window and not sinks:
         return f"{method} linear attention"
@@ -93,7 +94,12 @@ def describe(method, window=0, sinks=()):
     if sinks:
         parts.append(f"on each sequence's {' and '.join(sinks)} real token" + ("s" if len(sinks) > 1 else ""))
     short = f"; inputs of at most {2 * window} tokens run exact softmax" if window else ""
-    return f"hybrid: exact softmax {' and '.join(parts)}, {method} linear attention for the other keys{short}"
+    where = ""
+    if hybrid_layers is not None:
+        where = f" in layers {', '.join(str(index) for index in hybrid_layers)} (the other converted layers: {method} " \
+                "linear attention)"
+        short = f"; in those layers inputs of at most {2 * window} tokens run exact softmax" if window else ""
+    return f"hybrid{where}: exact softmax {' and '.join(parts)}, {method} linear attention for the other keys{short}"
 
 
 def sink_positions(key_padding_mask, batch, seq, sinks, device):

@@ -51,8 +51,8 @@ def parse_method_list(text):
 
 
 #: keys of a method spec's options that are conversion settings, not the feature map's: hybrid attention
-#: (``config.HybridConfig``), e.g. ``hedgehog(window=32,sinks=first+last)``
-HYBRID_KEYS = ("window", "sinks", "gamma")
+#: (``config.HybridConfig``), e.g. ``hedgehog(window=32,sinks=first+last,hybrid_layers=0+1+2)``
+HYBRID_KEYS = ("window", "sinks", "gamma", "hybrid_layers")
 
 
 def method_specs(methods):
@@ -75,7 +75,7 @@ def method_specs(methods):
         if any(key in options for key in HYBRID_KEYS):
             from ..convert.api import hybrid_settings
 
-            hybrid_settings(*(options.get(key) for key in HYBRID_KEYS), method=name)
+            hybrid_settings(**{key: options.get(key) for key in HYBRID_KEYS}, method=name)
         label = label or (name if not options else name + "(" + ",".join(f"{k}={v}" for k, v in options.items()) + ")")
         if label in SOFTMAX_LABELS or label in [s[0] for s in specs]:
             raise LinearizeError(f"duplicate or reserved benchmark label {label!r}")

@@ -153,7 +153,7 @@ def _attention_kind(info):
     """How the converted layers attend: linear, or hybrid with its window and sinks."""
     from ..attention.hybrid import describe
 
-    return describe(info["method"], info.get("window") or 0, info.get("sinks") or ())
+    return describe(info["method"], info.get("window") or 0, info.get("sinks") or (), info.get("hybrid_layers"))
 
 
 def print_summary(info, speed=None):

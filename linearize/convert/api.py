@@ -124,14 +124,18 @@ def is_converted(model):
     return hasattr(type(model), "_linearize_base") or any(hasattr(m, "linearize_map") for m in model.modules())
 
 
-def check_convertible(model, method, *, layers=None, window=None, sinks=None, gamma=None, **options):
+def check_convertible(model, method, *, layers=None, window=None, sinks=None, gamma=None, hybrid_layers=None,
+                      **options):
     """A one-line ``LinearizeError`` unless ``model`` can be converted to ``method`` with these
     ``layers``, hybrid settings and ``options``: checked before a long stage (a teacher's fine-tuning) runs."""
     check_method_options(method, options)
-    hybrid_settings(window, sinks, gamma, method)
+    hybrid = hybrid_settings(window, sinks, gamma, method, hybrid_layers)
     if is_converted(model):
         raise LinearizeError("this model is already converted; start from its softmax source")
-    check_memory(model, method, _check_layers(layers, len(attention_modules(model))), options)
+    modules = attention_modules(model)
+    chosen = _check_layers(layers, len(modules))
+    _check_hybrid_layers(hybrid, chosen, backend_for(model).sliding_window_layers(model))
+    check_memory(model, method, chosen, options)
 
 
 def feature_map_bytes(model, method, layers, options):
@@ -168,7 +172,7 @@ def check_memory(model, method, layers, options):
 
 
 def convert(model, method="luna", *, layers=None, source=None, max_length=None, position_init=None, image_size=None,
-            convert_sliding_window=None, window=None, sinks=None, gamma=None, **options):
+            convert_sliding_window=None, window=None, sinks=None, gamma=None, hybrid_layers=None, **options):
     """Replace softmax self-attention by ``method`` in place and return the model.
 
     ``layers``: indices of the attention layers to convert (default all but sliding-window layers),
@@ -182,7 +186,8 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     ``window`` / ``sinks`` / ``gamma`` (``config.HybridConfig``; None: its defaults): hybrid attention,
     exact softmax over the keys of each query's block of ``window`` tokens and the two neighbouring blocks
     and over the ``sinks`` (``"first,last"``), linear attention over the rest, mixed by a learned γ per head starting at ``gamma``
-    (``linearize.attention.hybrid``); the converted global layers become hybrid, sliding-window layers never.
+    (``linearize.attention.hybrid``); the converted global layers become hybrid (``hybrid_layers``: only these of
+    them, the others pure linear attention), sliding-window layers never.
     Pretrained weights are untouched; each converted attention module gains a
     ``linearize_map`` submodule holding the method's parameters and buffers (their size is checked
     against the machine's memory first: :func:`check_memory`).
@@ -195,11 +200,12 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     sliding = backend.sliding_window_layers(model)
     convert_sliding_window = _sliding_window_choice(convert_sliding_window, sliding)
     chosen = _choose_layers(layers, len(modules), sliding, convert_sliding_window)
-    hybrid = hybrid_settings(window, sinks, gamma, method)
-    if hybrid and set(chosen) & set(sliding):
+    hybrid = hybrid_settings(window, sinks, gamma, method, hybrid_layers)
+    if hybrid and hybrid["hybrid_layers"] is None and set(chosen) & set(sliding):
         raise LinearizeError(f"--window/--sinks make global layers hybrid; layers {sorted(set(chosen) & set(sliding))} "
                              "attend through a sliding window already: convert without --convert-sliding-window, or "
-                             "without --window/--sinks")
+                             "without --window/--sinks (or name the global ones with --hybrid-layers)")
+    _check_hybrid_layers(hybrid, chosen, sliding)
     max_length, position_init = positions.check_max_length(model, max_length, position_init)
     _check_window_below_length(model, hybrid, max_length)
     image_size = resolution.check_image_size(model, image_size)
@@ -224,26 +230,30 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     return model
 
 
-def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
-    """``{window, sinks, gamma}`` for ``FeatureMap.make_hybrid`` (None values: ``HybridConfig``'s
-    defaults), checked; None for pure linear attention (window 0, no sinks). An unknown sink, a
-    negative window, a γ that is not positive (or given without a window or sinks: nothing to weigh), and
-    a window or sinks for exact softmax (``method``) are one-line errors."""
+def hybrid_settings(window=None, sinks=None, gamma=None, method=None, hybrid_layers=None):
+    """``{window, sinks, gamma, hybrid_layers}`` for the converted layers (``FeatureMap.make_hybrid`` takes the
+    first three in ``hybrid_layers``, a sorted tuple, or in every converted layer for None; None values:
+    ``HybridConfig``'s defaults), checked; None for pure linear attention (window 0, no sinks). An unknown sink,
+    a negative window, a γ that is not positive, γ or hybrid layers given without a window or sinks (nothing to
+    weigh, nothing to make hybrid), and a window or sinks for exact softmax (``method``) are one-line errors.
+    ``hybrid_layers`` may be a list or a string of indices separated by ``,`` or ``+`` (a bench spec's)."""
     from ..attention.hybrid import parse_sinks
 
     defaults = HybridConfig()
     config = HybridConfig(window=defaults.window if window is None else window,
-                          sinks=defaults.sinks if sinks is None else sinks, gamma=gamma)
+                          sinks=defaults.sinks if sinks is None else sinks, gamma=gamma,
+                          hybrid_layers=_layer_list(hybrid_layers))
     config.check()
     try:
         names = parse_sinks(config.sinks)
     except ValueError as error:
         raise LinearizeError(str(error)) from None
     if not config.window and not names:
-        if config.gamma is not None:  # no exact part to weigh the linear part against
-            raise LinearizeError(f"--gamma {config.gamma} weighs the linear part of a hybrid against its exact part, "
-                                 "and without --window or --sinks there is none: add --window R and/or --sinks "
-                                 "first, or drop --gamma")
+        for given, name in ((config.gamma, "--gamma"), (config.hybrid_layers, "--hybrid-layers")):
+            if given is not None:  # no exact part to weigh the linear part against, no layer to make hybrid
+                raise LinearizeError(f"{name} {given} sets a hybrid's exact part against its linear part, and "
+                                     f"without --window or --sinks there is none: add --window R and/or --sinks "
+                                     f"first, or drop {name}")
         return None
     from ..attention.feature_maps import FeatureMap, get_feature_map_class
 
@@ -252,7 +262,36 @@ def hybrid_settings(window=None, sinks=None, gamma=None, method=None):
         raise LinearizeError(f"--window/--sinks make part of a linear method's attention exact; {method} is exact "
                              "already: drop them, or choose a linear method")
     start = map_class.initial_gamma if config.gamma is None else config.gamma  # the method's measured start
-    return {"window": int(config.window), "sinks": names, "gamma": float(start)}
+    chosen = None if config.hybrid_layers is None else tuple(sorted(config.hybrid_layers))
+    return {"window": int(config.window), "sinks": names, "gamma": float(start), "hybrid_layers": chosen}
+
+
+def _layer_list(value):
+    """``hybrid_layers`` as a list of ints (a bench spec gives ``"0+1+2"``), or None; a value that is not
+    integers is a one-line error."""
+    if value is None or isinstance(value, (list, tuple)):
+        return None if value is None else list(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    try:
+        return [int(part) for part in str(value).replace("+", ",").split(",") if part.strip()]
+    except ValueError:
+        raise LinearizeError(f"--hybrid-layers {value!r}: give layer indices, e.g. 0,1,2") from None
+
+
+def _check_hybrid_layers(hybrid, chosen, sliding):
+    """Every hybrid layer is a converted global layer: a layer left softmax, or a sliding-window one (never
+    hybrid), named in ``hybrid_layers`` could not take the window (a one-line error)."""
+    if not hybrid or hybrid["hybrid_layers"] is None:
+        return
+    wrong = sorted(set(hybrid["hybrid_layers"]) - set(chosen))
+    if wrong:
+        raise LinearizeError(f"--hybrid-layers {wrong}: not converted (converted: {list(chosen)}); name converted "
+                             "layers, or convert them with --layers")
+    local = sorted(set(hybrid["hybrid_layers"]) & set(sliding))
+    if local:
+        raise LinearizeError(f"--hybrid-layers {local} attend through a sliding window and never become hybrid: "
+                             "name global layers only")
 
 
 def revert(model):
@@ -279,8 +318,13 @@ def revert_layers(model, layers):
     trained = {layer: fm.state_dict() for layer, fm in feature_maps_of(model).items() if layer in keep}
     revert(model)
     hybrid = record.hybrid or {}
+    hybrid_layers = hybrid.get("hybrid_layers")
+    if hybrid_layers is not None:  # the hybrid layers still converted; none left: the rest is pure linear
+        hybrid_layers = [layer for layer in hybrid_layers if layer in keep]
+        hybrid = hybrid if hybrid_layers else {}
     convert(model, record.method, layers=keep, source=record.source, window=hybrid.get("window"),
             sinks=",".join(hybrid["sinks"]) if hybrid.get("sinks") else None, gamma=hybrid.get("gamma"),
+            hybrid_layers=hybrid_layers or None,
             convert_sliding_window=bool(set(keep) & set(record.sliding_window_layers)), **record.options)
     for layer, fm in feature_maps_of(model).items():
         fm.load_state_dict(trained[layer])
@@ -365,14 +409,16 @@ def save_processors(source, directory, model_max_length=None, image_size=None):
 @writes_output("out")
 def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, options=None, overwrite=False,
                        allow_pickle=False, head=None, num_labels=None, max_length=None, position_init=None,
-                       image_size=None, convert_sliding_window=None, window=None, sinks=None, gamma=None):
+                       image_size=None, convert_sliding_window=None, window=None, sinks=None, gamma=None,
+                       hybrid_layers=None):
     """Load ``model_name`` (folder, Hub id or alias), convert it and save it to ``out``.
 
     ``head`` (``linearize.convert.loading.HEADS``) picks the task head to load instead of the
     checkpoint's own architecture (a new head is randomly initialised, ``num_labels`` outputs).
     ``max_length`` / ``position_init``: extend the position table (``convert``); the saved
     tokenizer's ``model_max_length`` follows. ``image_size``: convert for S×S images; the saved
-    image processor follows. ``convert_sliding_window``, ``window``, ``sinks``, ``gamma``: as ``convert``.
+    image processor follows. ``convert_sliding_window``, ``window``, ``sinks``, ``gamma``, ``hybrid_layers``: as
+    ``convert``.
     The folder is written whole or not at all, by one writer at a time (``outputs.writes_output``).
     Returns a summary dict (what ``linearize info`` prints).
     """
@@ -381,7 +427,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
 
     options = dict(options or {})
     check_method_options(method, options)
-    hybrid_settings(window, sinks, gamma, method)  # before the model loads
+    hybrid_settings(window, sinks, gamma, method, hybrid_layers)  # before the model loads
     if out is None:
         raise LinearizeError("pass --out DIR: the folder to write the converted model to")
     if num_labels is not None and num_labels < 1:
@@ -396,7 +442,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
                              "(or image-classification, token-classification)")
     convert(model, method, layers=layers, source=model_name, max_length=max_length, position_init=position_init,
             image_size=image_size, convert_sliding_window=convert_sliding_window, window=window, sinks=sinks,
-            gamma=gamma, **options)
+            gamma=gamma, hybrid_layers=hybrid_layers, **options)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         save_processors(resolve_model_name(model_name), tmp, model_max_length=max_length, image_size=image_size)
@@ -435,4 +481,5 @@ def summary(directory):
         "sliding_window_layers": list(record.sliding_window_layers),
         "window": record.window,
         "sinks": list(record.sinks),
+        "hybrid_layers": None if record.hybrid_layers is None else list(record.hybrid_layers),
     }

@@ -42,7 +42,8 @@ class ConversionRecord:
     ``parameters_added``: the pretrained and the feature maps' parameter counts; ``window`` / ``sinks`` /
     ``gamma``: hybrid attention (``linearize.attention.hybrid``: the exact window's block size, 0 for none,
     the sink tokens, both none for pure linear attention, and γ's initial value; the layers in
-    ``sliding_window_layers`` are never hybrid); ``max_length`` /
+    ``sliding_window_layers`` are never hybrid); ``hybrid_layers``: the converted layers that are hybrid
+    (None: all of them; the others are pure linear attention); ``max_length`` /
     ``position_init``: the extended position table, if any; ``image_size``: the image size the model
     was converted for, if any; ``linearize_version``: the linearize that converted it.
     """
@@ -62,6 +63,7 @@ class ConversionRecord:
     window: int = 0
     sinks: tuple[str, ...] = ()
     gamma: float = 1.0
+    hybrid_layers: tuple[int, ...] | None = None
     max_length: int | None = None
     position_init: str | None = None
     image_size: int | None = None
@@ -84,6 +86,7 @@ class ConversionRecord:
             data[name] = list(data[name])
         data["options"] = dict(data["options"])
         data["sinks"] = list(data["sinks"])
+        data["hybrid_layers"] = None if self.hybrid_layers is None else list(self.hybrid_layers)
         return {"_type": RECORD_TYPE, "_version": RECORD_VERSION, "_data": data}
 
     @classmethod
@@ -103,13 +106,18 @@ class ConversionRecord:
             data[name] = tuple(int(index) for index in data.get(name) or ())
         data["options"] = dict(data.get("options") or {})
         data["sinks"] = tuple(str(name) for name in data.get("sinks") or ())
+        if data.get("hybrid_layers") is not None:
+            data["hybrid_layers"] = tuple(int(index) for index in data["hybrid_layers"])
         return cls(**data)
 
     @property
     def hybrid(self):
-        """The hybrid settings ``{window, sinks, gamma}`` that ``FeatureMap.make_hybrid`` takes, or None for
-        pure linear attention (no window, no sinks)."""
-        return {"window": self.window, "sinks": self.sinks, "gamma": self.gamma} if self.window or self.sinks else None
+        """The hybrid settings ``{window, sinks, gamma, hybrid_layers}`` (``FeatureMap.make_hybrid`` takes the
+        first three in the layers of the last, None: every converted layer), or None for pure linear attention (no
+        window, no sinks)."""
+        if not (self.window or self.sinks):
+            return None
+        return {"window": self.window, "sinks": self.sinks, "gamma": self.gamma, "hybrid_layers": self.hybrid_layers}
 
     @classmethod
     def from_config(cls, config):

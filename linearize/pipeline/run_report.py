@@ -53,7 +53,8 @@ def _model_info(source, student):
                      options=dict(record.options), layers=list(record.layers),
                      num_attention_layers=record.num_attention_layers, parameters_base=record.parameters_base or 0,
                      parameters_added=record.parameters_added, parameters_added_percent=record.parameters_added_percent,
-                     window=record.window, sinks=list(record.sinks))
+                     window=record.window, sinks=list(record.sinks),
+                     hybrid_layers=None if record.hybrid_layers is None else list(record.hybrid_layers))
 
 
 def _attention(stage1):

@@ -159,9 +159,12 @@ def _hybrid_differences(record, hybrid):
     where γ starts: a converted folder's γ is trained already, so any given γ differs)."""
     from ..attention.hybrid import parse_sinks
 
-    own = {"window": record.window, "sinks": record.sinks}
-    given = {key: parse_sinks(value) if key == "sinks" else value for key, value in hybrid.items()}
-    return [f"--{key} {hybrid[key]}" for key, value in given.items() if key == "gamma" or value != own[key]]
+    own = {"window": record.window, "sinks": record.sinks,
+           "hybrid_layers": None if record.hybrid_layers is None else sorted(record.hybrid_layers)}
+    read = {"sinks": parse_sinks, "hybrid_layers": lambda value: sorted(value)}
+    given = {key: read.get(key, lambda item: item)(value) for key, value in hybrid.items()}
+    return [f"--{key.replace('_', '-')} {hybrid[key]}" for key, value in given.items()
+            if key == "gamma" or value != own[key]]
 
 
 def _folder_record(path):

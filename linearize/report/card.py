@@ -358,7 +358,7 @@ def _about(repo_id, record, report):
     if record.hybrid:
         from ..attention.hybrid import describe
 
-        lines.append(f"- Attention: {describe(method, record.window, record.sinks)}, mixed by a learned weight per "
+        lines.append(f"- Attention: {describe(method, record.window, record.sinks, record.hybrid_layers)}, mixed by a learned weight per "
                      "head in one normalisation (LoLCATs-style)")
     if base:
         lines.append(f"- Parameters: {base:,} pretrained + {added:,} added by the feature maps "

@@ -297,7 +297,7 @@ def _model_section(report):
     if model.window or model.sinks:
         from ..attention.hybrid import describe
 
-        rows.append(("attention", describe(model.method, model.window or 0, model.sinks or ())))
+        rows.append(("attention", describe(model.method, model.window or 0, model.sinks or (), model.hybrid_layers)))
     if model.parameters_added is not None:
         text = f"{_fmt_count(model.parameters_added)}"
         if model.parameters_added_percent is not None:

@@ -264,11 +264,14 @@ class ModelInfo:
     #: hybrid attention: the exact window's radius (0: pure linear attention) and the sink tokens
     window: int | None = None
     sinks: list | None = None
+    #: the hybrid layers (None: every converted layer)
+    hybrid_layers: list | None = None
 
     @classmethod
     def from_json(cls, data):
         out = _fields(cls, data, ("parameters_base", "parameters_added", "parameters_added_percent"))
-        for name, kind in (("options", dict), ("layers", list), ("sinks", list), ("window", int)):
+        for name, kind in (("options", dict), ("layers", list), ("sinks", list), ("window", int),
+                           ("hybrid_layers", list)):
             if not isinstance(out.get(name), kind):
                 out.pop(name, None)
         return cls(**out)

@@ -208,11 +208,13 @@ def layer_options(method, options, layer_index):
 
 def layer_feature_map(module, index, method, options, head_dim, num_heads, hybrid=None):
     """The feature map of attention layer ``index`` (its own seed), on ``module``'s device and dtype;
-    ``hybrid`` (``ConversionRecord.hybrid``: window, sinks, gamma) makes a global layer's attention hybrid
-    (``FeatureMap.make_hybrid``); a sliding-window layer stays windowed (it is never hybrid)."""
+    ``hybrid`` (``ConversionRecord.hybrid``: window, sinks, gamma, hybrid_layers) makes a global layer's attention
+    hybrid (``FeatureMap.make_hybrid``) when it is one of the ``hybrid_layers`` (None: every layer); a
+    sliding-window layer stays windowed (it is never hybrid)."""
     fm = create_feature_map(method, head_dim, num_heads, **layer_options(method, options, index))
-    if hybrid and getattr(module, "sliding_window", None) is None:
-        fm.make_hybrid(**hybrid)
+    chosen = hybrid and (hybrid.get("hybrid_layers") is None or index in hybrid["hybrid_layers"])
+    if chosen and getattr(module, "sliding_window", None) is None:
+        fm.make_hybrid(hybrid["window"], hybrid["sinks"], hybrid["gamma"])
     reference = next(module.parameters(), None)
     return fm if reference is None else fm.to(device=reference.device, dtype=reference.dtype)
 
