@@ -27,7 +27,7 @@ from linearize.pipeline import TaskData
 from linearize.recipes import load_recipe
 
 SUBSETS = {"pure": (), "all": (0, 1, 2, 3, 4, 5), "1,2,3": (1, 2, 3), "1,2": (1, 2), "2,3,4": (2, 3, 4),
-           "1,2,3,4": (1, 2, 3, 4), "0,1,2": (0, 1, 2), "3,4,5": (3, 4, 5)}
+           "1,2,3,4": (1, 2, 3, 4), "0,1,2": (0, 1, 2), "3,4,5": (3, 4, 5), "0,1": (0, 1), "0": (0,), "1": (1,)}
 
 
 @torch.inference_mode()
