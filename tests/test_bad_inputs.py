@@ -273,6 +273,12 @@ CASES = [
     ("convert --gamma without --window or --sinks", CONVERT + " --gamma 0.5", 1,
      "--gamma 0.5 weighs the linear part of a hybrid against its exact part, and without --window or --sinks "
      "there is none", None, None),
+    ("convert --hybrid-layers without --window or --sinks", CONVERT + " --hybrid-layers 1", 1,
+     "--hybrid-layers [1] names the layers that get the window and the sinks, and without --window or --sinks "
+     "there are none", None, None),
+    ("convert --hybrid-layers of a layer not converted",
+     "convert {ws}/tiny --out {out} --method hedgehog --window 4 --layers 0 --hybrid-layers 1", 1,
+     "--hybrid-layers [1]: not converted (converted: [0])", None, None),
     ("convert --gamma inf", "convert {ws}/tiny --out {out} --method hedgehog --window 4 --gamma inf", 1,
      "gamma must be a finite number > 0, got inf", None, None),
     ("distill --epochs inf", DISTILL + " --epochs inf", 1, "epochs must be a finite number > 0, got inf", None, None),

@@ -249,11 +249,14 @@ def hybrid_settings(window=None, sinks=None, gamma=None, method=None, hybrid_lay
     except ValueError as error:
         raise LinearizeError(str(error)) from None
     if not config.window and not names:
-        for given, name in ((config.gamma, "--gamma"), (config.hybrid_layers, "--hybrid-layers")):
-            if given is not None:  # no exact part to weigh the linear part against, no layer to make hybrid
-                raise LinearizeError(f"{name} {given} sets a hybrid's exact part against its linear part, and "
-                                     f"without --window or --sinks there is none: add --window R and/or --sinks "
-                                     f"first, or drop {name}")
+        if config.gamma is not None:  # no exact part to weigh the linear part against
+            raise LinearizeError(f"--gamma {config.gamma} weighs the linear part of a hybrid against its exact part, "
+                                 "and without --window or --sinks there is none: add --window R and/or --sinks "
+                                 "first, or drop --gamma")
+        if config.hybrid_layers is not None:  # no window or sinks to give the layers
+            raise LinearizeError(f"--hybrid-layers {config.hybrid_layers} names the layers that get the window and "
+                                 "the sinks, and without --window or --sinks there are none: add --window R and/or "
+                                 "--sinks first, or drop --hybrid-layers")
         return None
     from ..attention.feature_maps import FeatureMap, get_feature_map_class
 
