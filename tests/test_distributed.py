@@ -50,14 +50,25 @@ def test_two_process_distillation_equals_one_process_with_the_same_global_batch(
         assert not torch.equal(weight, untrained[name])  # it trained
 
 
+def test_finishing_without_teardown_keeps_what_was_printed_and_exits_0():
+    """The launched process's end (``os._exit``) flushes what the streams still hold."""
+    code = ("import sys; from linearize.cli import finish_without_teardown; "
+            "print('scores', end=''); sys.stderr.write('done'); finish_without_teardown(); print('never')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "scores", "done")
+
+
 def test_the_cli_meets_the_others_and_leaves_its_process_group_before_exiting(tmp_path, monkeypatch):
     """``linearize.cli.main`` destroys the process group a command joined (a gloo group left to
-    the interpreter's shutdown can abort a finished rank), after a barrier on success only."""
+    the interpreter's shutdown can abort a finished rank), after a barrier on success only; a
+    success then ends the process without the interpreter's teardown (``os._exit(0)``, stubbed
+    here: it would end the test's own process)."""
     import linearize.cli as cli
 
     calls = []
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
-    for code, expected in ((0, ["barrier"]), (1, [])):
+    monkeypatch.setattr(cli, "finish_without_teardown", lambda: calls.append("exit"))
+    for code, expected in ((0, ["barrier", "exit"]), (1, [])):
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{code}'}", rank=0, world_size=1)
         monkeypatch.setattr(cli, "app", lambda: sys.exit(code))
         calls.clear()
