@@ -1,0 +1,122 @@
+"""Time per review in a user's own process: a teacher and a student folder, each test review of
+``moviereviews-long`` at its own length, in fresh processes that load both with plain transformers.
+
+The run's own figure (``eval.latency_examples``, report.json ``latency.own_lengths``) is taken inside the
+``linearize`` process, which tunes glibc's malloc. Here every process is the user's (as in
+``linearize.bench.user_state``): linearize cannot be imported, glibc's default allocator, ``threads`` threads,
+``torch.inference_mode()``; ``AutoModelForSequenceClassification.from_pretrained(folder,
+trust_remote_code=True)`` for both. Each process times every review once with each model, batch 1, real
+tokens only (the run's length rule: cut at 2,048), the first model alternating from review to review and the
+first review of each process untimed; its figure is the student's total time ÷ the teacher's (the ratio of
+the mean times per review, what the issue's target reads). Over ``--processes`` processes: the median and the
+range.
+
+    PYTHONPATH=. python docs/experiments/hybrid/per_review_user_state.py <teacher folder> <student folder> \\
+        --processes 5 --threads 2 --out docs/experiments/hybrid/per-review-user-state/<name>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from linearize.bench.user_state import user_environment
+from linearize.machine import machine_info
+from linearize.outputs import atomic_write_json, atomic_write_text
+
+CHILD = r"""
+import json, sys, time
+sys.modules["linearize"] = None  # the user's process: linearize is not installed there
+import torch, transformers
+
+spec = json.loads(sys.argv[1])
+torch.set_num_threads(spec["threads"])
+load = transformers.AutoModelForSequenceClassification.from_pretrained
+models = {label: load(path, trust_remote_code=True).eval() for label, path in spec["folders"].items()}
+reviews = json.loads(open(spec["reviews"]).read())
+totals = {label: 0.0 for label in models}
+with torch.inference_mode():
+    for index, ids in enumerate(reviews):
+        ids = torch.tensor([ids])
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        order = list(models) if (index + spec["first"]) % 2 else list(models)[::-1]
+        for label in order:
+            start = time.perf_counter()
+            models[label](**inputs)
+            totals[label] += (time.perf_counter() - start) if index else 0.0  # review 0 warms up
+print(json.dumps({"ms_per_review": {k: 1000 * v / (len(reviews) - 1) for k, v in totals.items()},
+                  "linearize_loaded": sys.modules.get("linearize") is not None, "threads": torch.get_num_threads()}))
+"""
+
+
+def test_reviews(teacher, count):
+    """The first ``count`` + 1 test reviews' token ids (real tokens, cut at the recipe's 2,048), in the order the
+    run's report split is read."""
+    from linearize.pipeline import TaskData
+    from linearize.recipes import load_recipe
+
+    recipe = load_recipe("minilm-longreviews").with_overrides({"model": str(teacher), "eval": {"batch_size": 8}})
+    loader = TaskData.load(recipe).loaders(8, 0)["test"]
+    reviews = []
+    for batch in loader:
+        for ids, real in zip(batch["input_ids"], batch["attention_mask"]):
+            reviews.append(ids[real.bool()].tolist())
+    return reviews[:count + 1]
+
+
+def measure(teacher, student, reviews_file, processes, threads):
+    runs = []
+    for index in range(processes):
+        spec = {"folders": {"teacher": str(teacher), "student": str(student)}, "reviews": str(reviews_file),
+                "threads": threads, "first": index % 2}
+        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
+                              env=user_environment(), check=True)
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        assert not run["linearize_loaded"] and run["threads"] == threads, run
+        runs.append(run["ms_per_review"])
+        print(f"process {index + 1}/{processes}: teacher {runs[-1]['teacher']:.1f} ms, "
+              f"student {runs[-1]['student']:.1f} ms a review", flush=True)
+    return runs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("teacher", type=Path)
+    parser.add_argument("student", type=Path)
+    parser.add_argument("--reviews", type=int, default=300, help="test reviews timed per process")
+    parser.add_argument("--processes", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    reviews = test_reviews(args.teacher, args.reviews)
+    with tempfile.TemporaryDirectory() as folder:
+        reviews_file = Path(folder) / "reviews.json"
+        reviews_file.write_text(json.dumps(reviews))
+        runs = measure(args.teacher, args.student, reviews_file, args.processes, args.threads)
+    ratios = [run["student"] / run["teacher"] for run in runs]
+    result = {"teacher": str(args.teacher), "student": str(args.student), "reviews": len(reviews) - 1,
+              "mean_tokens": statistics.mean(len(ids) for ids in reviews[1:]), "threads": args.threads,
+              "processes": runs, "student_over_teacher": {"median": statistics.median(ratios), "lowest": min(ratios),
+                                                          "highest": max(ratios), "per_process": ratios},
+              "machine": machine_info()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "per-review.json", result)
+    ratio = result["student_over_teacher"]
+    text = (f"# Time per review in a user's process\n\n{result['reviews']} test reviews of moviereviews-long at their own "
+            f"lengths ({result['mean_tokens']:.0f} tokens on average), batch 1, {args.threads} threads, "
+            f"{len(runs)} fresh plain-transformers processes (default allocator, linearize not importable).\n\n"
+            "| process | teacher (ms a review) | student | student ÷ teacher |\n|--:|--:|--:|--:|\n" +
+            "".join(f"| {i + 1} | {run['teacher']:.1f} | {run['student']:.1f} | {r:.3f} |\n"
+                    for i, (run, r) in enumerate(zip(runs, ratios))) +
+            f"\nStudent ÷ teacher: median **{ratio['median']:.3f}** ({ratio['lowest']:.3f}-{ratio['highest']:.3f}).\n")
+    atomic_write_text(args.out / "per-review.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
