@@ -172,41 +172,36 @@ class _KeyPass:
         self.sink_rows = torch.cat([self.sink_values, torch.ones_like(self.sink_values[..., :1])], dim=-1) * valid
 
 
-def _halo(x, keys, start, stop, scale, name):
-    """``x``'s rows ``start - R .. stop + R`` (float32, times ``scale``) as ``[rows, blocks + 2, R, d]``
-    (head-major), zeros outside the sequence; the view ``[rows * (blocks + 2), R, d]`` is a batch in which
-    every block's neighbours are the blocks before and after it."""
-    block, heads, batch = keys.block, keys.heads, keys.batch
+def _halo(x, keys, start, stop, scale, name, ones=False):
+    """``x``'s rows ``start - R .. stop + R`` (float32, times ``scale``; with ``ones``, a column of ones after
+    them: ``[v_j, 1]``) as ``[rows, blocks + 2, R, w]`` (head-major), zeros outside the sequence; the view
+    ``[rows * (blocks + 2), R, w]`` is a batch in which every block's neighbours are the blocks before and
+    after it."""
+    block, heads, batch, dim = keys.block, keys.heads, keys.batch, x.shape[-1]
     count = -(-(stop - start) // block)
-    halo = scratch(name, (heads, batch, (count + 2) * block, x.shape[-1]), x.device)
+    halo = scratch(name, (heads, batch, (count + 2) * block, dim + ones), x.device)
     low, high = max(0, start - block), min(keys.seq, start + (count + 1) * block)
     offset = low - (start - block)
     halo[:, :, :offset].zero_()
     part = halo[:, :, offset:offset + high - low]
     if scale != 1.0:  # the copy and the scaling in one pass
-        torch.mul(x[:, :, low:high].transpose(0, 1), scale, out=part)
+        torch.mul(x[:, :, low:high].transpose(0, 1), scale, out=part[..., :dim])
     else:
-        part.copy_(x[:, :, low:high].transpose(0, 1))
+        part[..., :dim].copy_(x[:, :, low:high].transpose(0, 1))
+    if ones:
+        part[..., dim].fill_(1.0)
     halo[:, :, offset + high - low:].zero_()
-    return halo.view(heads * batch * (count + 2), block, x.shape[-1])
+    return halo.view(heads * batch * (count + 2), block, dim + ones)
 
 
 def _halo_values(keys, start, stop, real):
     """The halo's ``[v_j, 1]`` (:func:`_halo`'s layout, ``[rows·(blocks + 2), R, d + 1]``): zeros outside the
     sequence and on padded keys (``real``: :func:`_real_keys`), so one product gives a window's numerator and
     its normaliser."""
-    block, heads, batch, dim_v = keys.block, keys.heads, keys.batch, keys.v.shape[-1]
-    count = real.shape[1] - 2
-    halo = scratch("linearize.hybrid.halo_values", (heads, batch, (count + 2) * block, dim_v + 1), keys.v.device)
-    low, high = max(0, start - block), min(keys.seq, start + (count + 1) * block)
-    offset = low - (start - block)
-    halo[:, :, :offset].zero_()
-    halo[:, :, offset:offset + high - low, :dim_v].copy_(keys.v[:, :, low:high].transpose(0, 1))
-    halo[:, :, offset:offset + high - low, dim_v].fill_(1.0)
-    halo[:, :, offset + high - low:].zero_()
+    halo = _halo(keys.v, keys, start, stop, 1.0, "linearize.hybrid.halo_values", ones=True)
     if keys.padded:
-        halo.mul_(real.view(1, batch, -1, 1))
-    return halo.view(heads * batch * (count + 2), block, dim_v + 1)
+        halo.view(keys.heads, keys.batch, -1, halo.shape[-1]).mul_(real.view(1, keys.batch, -1, 1))
+    return halo
 
 
 def _windows(halo, block):
