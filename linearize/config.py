@@ -467,14 +467,9 @@ class RunConfig(Config):
             section = getattr(self, item.name)
             check_mixed_precision(getattr(section, "mixed_precision", "no"), f"{item.name}.mixed_precision")
         if self.task is not None:  # a data option the task does not read, a data file that is not there
-            from .data import check_task_options, given_text_column, task_kind
+            from .data import CHECKED_OPTIONS, check_task_data
 
-            data = self.data
-            check_task_options(self.task, task_kind(self.task, data.train_file), {
-                "data_dir": data.data_dir, "data_file": data.data_file, "train_file": data.train_file,
-                "validation_file": data.validation_file, "test_file": data.test_file,
-                "text_column": given_text_column(data.text_column), "text_pair_column": data.text_pair_column,
-                "label_column": data.label_column})
+            check_task_data(self.task, **{option: getattr(self.data, option) for option in CHECKED_OPTIONS})
         return self
 
 

@@ -179,18 +179,25 @@ def check_task_options(name, kind, options):
             raise LinearizeError(f"{option_flag(option)} {path} is a folder; pass a CSV/TSV/JSON(L) file")
 
 
+def check_task_data(name, **options):
+    """``(name stripped, task kind)`` of the task ``name`` given with the data ``options`` (keywords of
+    :data:`CHECKED_OPTIONS`, None = not given, ``text_column`` as the user gave it), after
+    :func:`check_task_options`: how a run's configuration and a direct :func:`load_task_data` are checked."""
+    key = str(name).strip()
+    kind = task_kind(key, options.get("train_file"))
+    check_task_options(key, kind, {**options, "text_column": given_text_column(options.get("text_column", "text"))})
+    return key, kind
+
+
 def load_task_data(name, *, data_dir=None, data_file=None, train_file=None, validation_file=None, test_file=None,
                    config=None, text_column="text", text_pair_column=None, label_column=None, image_column=None,
                    is_regression=False, dev_fraction=None, seed=0, cache_dir=None):
     """Load a task's splits and describe it: ``(DatasetDict, TaskSpec)``; see the module docstring.
     A data option the task does not read, or a data file that does not exist, is a one-line
-    error before anything loads (:func:`check_task_options`)."""
-    key = str(name).strip()
-    kind = task_kind(key, train_file)
-    check_task_options(key, kind, {"data_dir": data_dir, "data_file": data_file, "train_file": train_file,
-                                   "validation_file": validation_file, "test_file": test_file,
-                                   "text_column": given_text_column(text_column), "text_pair_column": text_pair_column,
-                                   "label_column": label_column})  # a run's
+    error before anything loads (:func:`check_task_data`)."""
+    key, kind = check_task_data(name, data_dir=data_dir, data_file=data_file, train_file=train_file,
+                                validation_file=validation_file, test_file=test_file, text_column=text_column,
+                                text_pair_column=text_pair_column, label_column=label_column)  # a run's
     # configuration was checked so already (RunConfig.validate); a direct call is checked here
     if is_regression and kind not in ("files", "hub"):
         raise LinearizeError(f"task {key!r} has its own labels: data.regression applies to --task files or a Hub "
