@@ -9,7 +9,8 @@ trust_remote_code=True)`` for both. Each process times every review once with ea
 tokens only (the run's length rule: cut at 2,048), the first model alternating from review to review and the
 first review of each process untimed; its figure is the student's total time ÷ the teacher's (the ratio of
 the mean times per review, what the issue's target reads). Over ``--processes`` processes: the median and the
-range.
+range. ``--cut 512`` gives the second folder each review cut at 512 tokens: the time of the teacher that reads
+512 (the same network as the teacher at 2,048, on shorter inputs), with the teacher's own folder as the second.
 
     PYTHONPATH=. python docs/experiments/hybrid/per_review_user_state.py <teacher folder> <student folder> \\
         --processes 5 --threads 2 --out docs/experiments/hybrid/per-review-user-state/<name>
@@ -42,10 +43,12 @@ reviews = json.loads(open(spec["reviews"]).read())
 totals = {label: 0.0 for label in models}
 with torch.inference_mode():
     for index, ids in enumerate(reviews):
-        ids = torch.tensor([ids])
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        full = torch.tensor([ids])
+        cut = torch.tensor([ids[:spec["cut"] - 1] + ids[-1:]]) if spec["cut"] and len(ids) > spec["cut"] else full
         order = list(models) if (index + spec["first"]) % 2 else list(models)[::-1]
         for label in order:
+            inputs = {"input_ids": cut if label == "student" else full}
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
             start = time.perf_counter()
             models[label](**inputs)
             totals[label] += (time.perf_counter() - start) if index else 0.0  # review 0 warms up
@@ -69,11 +72,11 @@ def test_reviews(teacher, count):
     return reviews[:count + 1]
 
 
-def measure(teacher, student, reviews_file, processes, threads):
+def measure(teacher, student, reviews_file, processes, threads, cut):
     runs = []
     for index in range(processes):
         spec = {"folders": {"teacher": str(teacher), "student": str(student)}, "reviews": str(reviews_file),
-                "threads": threads, "first": index % 2}
+                "threads": threads, "first": index % 2, "cut": cut}
         done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True,
                               env=user_environment(), check=True)
         run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -91,16 +94,20 @@ def main(argv=None):
     parser.add_argument("--reviews", type=int, default=300, help="test reviews timed per process")
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cut", type=int, default=0,
+                        help="give the second folder each review cut to this many tokens (its last, [SEP], kept): "
+                             "the teacher that reads 512 tokens is the same network on shorter inputs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     reviews = test_reviews(args.teacher, args.reviews)
     with tempfile.TemporaryDirectory() as folder:
         reviews_file = Path(folder) / "reviews.json"
         reviews_file.write_text(json.dumps(reviews))
-        runs = measure(args.teacher, args.student, reviews_file, args.processes, args.threads)
+        runs = measure(args.teacher, args.student, reviews_file, args.processes, args.threads, args.cut)
     ratios = [run["student"] / run["teacher"] for run in runs]
     result = {"teacher": str(args.teacher), "student": str(args.student), "reviews": len(reviews) - 1,
               "mean_tokens": statistics.mean(len(ids) for ids in reviews[1:]), "threads": args.threads,
+              "student_cut_at": args.cut or None,
               "processes": runs, "student_over_teacher": {"median": statistics.median(ratios), "lowest": min(ratios),
                                                           "highest": max(ratios), "per_process": ratios},
               "machine": machine_info()}
@@ -109,7 +116,8 @@ def main(argv=None):
     ratio = result["student_over_teacher"]
     text = (f"# Time per review in a user's process\n\n{result['reviews']} test reviews of moviereviews-long at their own "
             f"lengths ({result['mean_tokens']:.0f} tokens on average), batch 1, {args.threads} threads, "
-            f"{len(runs)} fresh plain-transformers processes (default allocator, linearize not importable).\n\n"
+            f"{len(runs)} fresh plain-transformers processes (default allocator, linearize not importable)."
+            + (f" The student folder read each review cut at {args.cut} tokens." if args.cut else "") + "\n\n"
             "| process | teacher (ms a review) | student | student ÷ teacher |\n|--:|--:|--:|--:|\n" +
             "".join(f"| {i + 1} | {run['teacher']:.1f} | {run['student']:.1f} | {r:.3f} |\n"
                     for i, (run, r) in enumerate(zip(runs, ratios))) +
