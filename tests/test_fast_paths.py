@@ -381,6 +381,29 @@ def test_chunking_is_used_only_without_gradients():
         core._chunked_attention = original
 
 
+def test_small_calls_take_the_one_shot_form_unless_a_chunk_size_is_given(monkeypatch):
+    """At most ``ONE_SHOT_MAX_TOKENS`` tokens (batch × length) in a call: the one-shot form (fewer operations),
+    equal to the quadratic reference; one token more, or a ``chunk_size`` asked for, chunks."""
+    from linearize.attention import core
+
+    fm = create_feature_map("hedgehog", D, H).eval()
+    calls = []
+    original = core._chunked_attention
+    monkeypatch.setattr(core, "_chunked_attention", lambda *args: calls.append(args[0].shape[2]) or original(*args))
+    g = torch.Generator().manual_seed(3)
+    half = core.ONE_SHOT_MAX_TOKENS // 2
+    small, large = ([torch.randn(2, H, n, D, generator=g) for _ in range(3)] for n in (half, half + 1))
+    with torch.inference_mode():
+        out = linear_attention(*small, fm)
+        assert calls == []
+        assert_matches_reference(fm, small[0], small[1], out, quadratic_attention(*small, fm), None)
+        chunked = linear_attention(*small, fm, chunk_size=16)
+        assert calls == [half]
+        assert_matches_reference(fm, small[0], small[1], chunked, out, None)
+        linear_attention(*large, fm)
+        assert calls == [half, half + 1]
+
+
 # ---- the chunked path's memory: reused buffers, one new tensor per call -----------------------------
 
 WRITES_OUT = [(name, options) for name, options in CHUNKABLE

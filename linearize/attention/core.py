@@ -190,14 +190,16 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
     the sequence in chunks of ``chunk_size`` tokens (default: :func:`chunk_tokens`): the same sums, but
     features and temporaries stay small, in buffers reused from call to call (:func:`scratch`), so the
     extra memory is O(chunk·D + D·d)
-    besides the output (see :func:`_chunked_attention`).
+    besides the output (see :func:`_chunked_attention`). A small call (batch × tokens at most
+    :data:`ONE_SHOT_MAX_TOKENS`, no ``chunk_size`` given) takes the one-shot form instead: fewer operations.
     Inputs that do not fit together are a ``ValueError`` (:func:`check_attention_inputs`).
     """
     check_attention_inputs(q, k, v, key_padding_mask, feature_map)
     if getattr(feature_map, "chunkable", False) and not is_tracing() and not grad_needed(feature_map, q, k, v):
         batch, heads = k.shape[:2]
-        chunk = chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
-        if k.shape[2] > 0:  # any length: this path's only new full-size tensor is the output
+        small = chunk_size is None and batch * max(q.shape[2], k.shape[2]) <= ONE_SHOT_MAX_TOKENS
+        if k.shape[2] > 0 and not small:  # this path's only new full-size tensor is the output
+            chunk = chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
             return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     batch, heads, seq_q, dim_f = phi_q.shape
@@ -236,6 +238,15 @@ def _normalised_output(phi_q, state, key_sum, real_v, n_real, eps, feature_map):
     den = torch.bmm(phi_q, key_sum.transpose(1, 2)).add_(eps)  # [R, Nq, 1]
     return num.div_(guard_denominator(den, eps, feature_map))
 
+
+#: at most this many tokens in a call (batch × the longer of the query and key lengths), inference takes the
+#: one-shot form rather than the chunked one: at these sizes the chunked path's ~40 extra small operations (its
+#: buffers, views and running sums; ~0.2 ms a call on a 2-core CPU) cost more than the one-shot temporaries,
+#: which are small. Measured per attention call at MiniLM's geometry for Hedgehog, T2R, DARKFormer and LUNA (M = 8
+#: shared, M = 16 per head), batch 1-8 (docs/experiments/user-state/short-inputs.md): the one-shot form is
+#: 0.04-0.30 ms faster at every shape up to 64 tokens, in two runs; at 128 it is faster for most but erratic for
+#: LUNA M = 16 (2.5 against 1.7 ms in one run, 1.6 against 1.8 in the next)
+ONE_SHOT_MAX_TOKENS = 64
 
 #: feature values (batch·heads·tokens·D) per chunk of the chunked inference path (8 MiB fp32), and at most
 #: ``CHUNK_ROWS`` (batch·heads·tokens) rows: measured best (docs/experiments/user-state, "Chunk size") for
