@@ -80,6 +80,21 @@ def other_processes_cores(start, end):
     return round(max(other, 0.0) / (end[0] - start[0]), 3)
 
 
+#: other processes' CPU (cores, on average) from which a timing is flagged as inflated
+BUSY_CORES = 0.15
+
+
+def busy_warning(other_cores, usable=None):
+    """A note when other processes kept at least :data:`BUSY_CORES` cores busy during a timing (``other_cores``:
+    :func:`other_processes_cores`), else None: intra-op threads then wait on descheduled siblings and every
+    timing inflates, the many-small-op linear paths far more than single-kernel SDPA."""
+    if other_cores is None or other_cores < BUSY_CORES:
+        return None
+    of = f" of {usable}" if usable else ""
+    return (f"other processes kept {other_cores:.2f}{of} cores busy on average during the timings: they are inflated "
+            "and unreliable; rerun on an idle machine")
+
+
 def machine_info():
     """CPU model, cores, memory, torch build and threads, load average (what a benchmark records)."""
     import torch

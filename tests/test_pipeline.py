@@ -74,6 +74,8 @@ def test_run_writes_report_model_and_resumes(workspace):
     assert own["examples"] == 15 and own["teacher_ms"] > 0 and own["student_ms"] > 0  # 16 less the warm-up
     assert 2 < own["mean_tokens"] < 16 and own["speedup"] == pytest.approx(own["teacher_ms"] / own["student_ms"])
     assert "At the task's own lengths: 15 examples" in (out / "report.md").read_text()
+    # each timing records how busy other processes kept the CPU meanwhile (the report warns above 0.15 cores)
+    assert all(part["other_processes_cores"] >= 0 for part in (report["latency"], *longer, own))
     from linearize.push import plan
 
     card = plan(out / "model", "someone/model").card

@@ -293,6 +293,22 @@ def test_recovery_is_derived_from_the_scores_once():
     assert report.task.name == "moviereviews" and not hasattr(report, "__getitem__")  # typed, no dict view
 
 
+def test_timings_taken_on_a_busy_machine_are_flagged_in_the_report_and_the_card():
+    """A run's timings record the cores other processes kept busy; from 0.15 cores on (the bench's rule) the report
+    and the model card say the timings are inflated; below, and in reports that did not record it, nothing."""
+    from linearize.report.card import _recovery_section
+
+    warning = "other processes kept 0.90 cores busy on average during the timings"
+    for recorded, flagged in ((None, False), (0.05, False), (0.9, True)):
+        data = full_report()
+        data["latency"]["at_lengths"] = [{"seq_len": 2048, "teacher_ms": 400.0, "student_ms": 250.0, "speedup": 1.6,
+                                          "other_processes_cores": recorded}]
+        report = Report.from_json(data)
+        assert report.latency.busy_cores() == recorded
+        assert (warning in render_markdown(report)) == flagged
+        assert (warning in "\n".join(_recovery_section(report, ()))) == flagged
+
+
 def test_earlier_visual_layouts_are_normalised_when_read():
     """Version 1 allowed ψ channel-major and an image's [CLS] weight included: from_json turns
     both into the one layout the figures draw."""

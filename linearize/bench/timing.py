@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LinearizeError
-from ..machine import cpu_snapshot, machine_info, other_processes_cores, rounded_load_average
+from ..machine import busy_warning, cpu_snapshot, machine_info, other_processes_cores, rounded_load_average
 from ..threads import set_threads
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -137,17 +137,6 @@ CPU = Placement()
 
 # ---- the machine during a run ----------------------------------------------------------------------
 
-def _busy_warning(machine):
-    """A note when other processes used the CPU during the run: intra-op threads then wait on
-    descheduled siblings and every timing inflates, the many-small-op linear paths far more than
-    single-kernel sdpa."""
-    other = machine.get("other_processes_cores")
-    if other is None or other < 0.15:
-        return None
-    return (f"other processes kept {other:.2f} of {machine.get('usable_cores')} cores busy on average during the "
-            "run: timings are inflated and unreliable; rerun on an idle machine")
-
-
 @contextlib.contextmanager
 def measuring(threads=None):
     """Set torch's threads for a run (restored after) and yield the machine record
@@ -161,7 +150,7 @@ def measuring(threads=None):
         yield machine
         machine["load_average_end"] = rounded_load_average()
         machine["other_processes_cores"] = other_processes_cores(snapshot, cpu_snapshot())
-        machine["busy_warning"] = _busy_warning(machine)
+        machine["busy_warning"] = busy_warning(machine["other_processes_cores"], machine.get("usable_cores"))
     finally:
         torch.set_num_threads(saved)
 

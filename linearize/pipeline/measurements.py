@@ -16,6 +16,22 @@ from ..attention import FeatureMap
 from ..convert import convert, feature_maps_of, revert
 
 
+def with_other_load(measure, *args):
+    """``measure(*args)`` (a dict, a list of dicts, or None), each dict with ``other_processes_cores``: how many
+    cores other processes kept busy on average meanwhile (:func:`linearize.machine.other_processes_cores`), so a
+    report can say when its timings were taken on a busy machine."""
+    from ..machine import cpu_snapshot, other_processes_cores
+
+    start = cpu_snapshot()
+    result = measure(*args)
+    other = other_processes_cores(start, cpu_snapshot())
+    if isinstance(result, dict):
+        return {**result, "other_processes_cores": other}
+    if isinstance(result, list):
+        return [{**row, "other_processes_cores": other} for row in result]
+    return result
+
+
 @torch.no_grad()
 def latency(teacher, student, batch, repeats=10):
     """Median forward time (ms) of teacher and student on the same batch, interleaved (one warm-up

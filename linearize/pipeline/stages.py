@@ -26,7 +26,7 @@ from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_sav
 from .inputs import (TaskData, attention_dropout_warning, build_source_model, check_head, check_label_order,
                      source_config)
 from .measurements import (cls_attention, latency, latency_at_lengths, latency_batch, latency_per_example, longer_lengths,
-                           luna_channels)
+                           luna_channels, with_other_load)
 from .run_report import build_report, write_run_report
 
 STAGES = ("teacher", "stage1", "stage2")
@@ -294,11 +294,11 @@ def measure_latency(ctx, teacher, student):
     repeats = ctx.config.eval.latency_repeats
     if not ctx.state.done("latency"):
         # timed on the main process alone (the others wait: they would share its cores)
-        ctx.state.finish("latency", on_main_process(latency, teacher, student, batch, repeats))
+        ctx.state.finish("latency", on_main_process(with_other_load, latency, teacher, student, batch, repeats))
     lengths = longer_lengths(ctx.config, ctx.task.spec, teacher, seq_len)
     if lengths and not ctx.state.done("latency_lengths"):
         ctx.log(f"      and at {', '.join(f'{n:,}' for n in lengths)} tokens (eval.latency_lengths)")
-        ctx.state.finish("latency_lengths", on_main_process(latency_at_lengths, teacher, student,
+        ctx.state.finish("latency_lengths", on_main_process(with_other_load, latency_at_lengths, teacher, student,
                                                             batch["input_ids"][:1], lengths, repeats))
     at_lengths = ctx.state.get("latency_lengths") if ctx.state.done("latency_lengths") else []
     return {**ctx.state.get("latency"), "at_lengths": at_lengths, "own_lengths": _own_length_latency(ctx, teacher, student)}, \
@@ -313,7 +313,7 @@ def _own_length_latency(ctx, teacher, student):
         return None
     if not ctx.state.done("latency_examples"):
         ctx.log(f"      and on {count:,} {ctx.report_split} examples at their own lengths (eval.latency_examples)")
-        ctx.state.finish("latency_examples", on_main_process(latency_per_example, teacher, student,
+        ctx.state.finish("latency_examples", on_main_process(with_other_load, latency_per_example, teacher, student,
                                                              ctx.eval_loaders[ctx.report_split], count))
     return ctx.state.get("latency_examples")
 

@@ -12,6 +12,7 @@ import functools
 import math
 from pathlib import Path
 
+from ..machine import busy_warning
 from ..markdown import markdown_table
 from .results import REPORT_JSON, STAGES, ModelInfo, TaskInfo, as_report, finite, mean, plain
 
@@ -427,6 +428,9 @@ def _latency_section(report):
                                   ["student (linear attention)", _fmt_ms(own.student_ms)],
                                   ["speed-up", "–" if own.speedup is None else f"**{own.speedup:.2f}×**"
                                    + (" (slower)" if own.speedup < 1 else "")]])]
+    busy = busy_warning(latency.busy_cores())
+    if busy:  # on a busy machine the linear paths' many small operations lose the most
+        lines += ["", f"**Warning: {busy}** (`linearize bench` on the saved folder measures it again)."]
     return lines + ["", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
                         "overhead can outweigh it."]
 

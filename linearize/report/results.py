@@ -351,7 +351,9 @@ class Timing:
 class Latency:
     """Teacher and student forward time at the run's own length (``seq_len``, ``batch_size``), and at the
     longer lengths of ``eval.latency_lengths`` (``at_lengths``: :class:`LengthLatency` rows, batch 1), and the mean
-    time per example of the report's split at its own length (``own_lengths``: :class:`OwnLengthLatency`)."""
+    time per example of the report's split at its own length (``own_lengths``: :class:`OwnLengthLatency`). Each
+    timing keeps ``other_processes_cores``: how busy other processes kept the CPU meanwhile (None in reports
+    written before it was recorded); :meth:`busy_cores` is the most of them."""
 
     seq_len: int | None = None
     batch_size: int | None = None
@@ -359,6 +361,7 @@ class Latency:
     student_ms: float | None = None
     speedup: float | None = None
     repeats: int | None = None
+    other_processes_cores: float | None = None
     at_lengths: tuple = ()
     own_lengths: OwnLengthLatency | None = None
 
@@ -372,6 +375,12 @@ class Latency:
         own = out.get("own_lengths")
         out["own_lengths"] = OwnLengthLatency.from_json(own) if isinstance(own, dict) else None
         return cls(**out)
+
+    def busy_cores(self):
+        """The most cores other processes kept busy during any of the run's timings, or None if not recorded."""
+        found = [part.other_processes_cores for part in (self, *self.at_lengths, self.own_lengths)
+                 if part is not None and part.other_processes_cores is not None]
+        return max(found) if found else None
 
     def to_json(self):
         out = _section_json(dataclasses.replace(self, at_lengths=None, own_lengths=None))  # left out when none
@@ -391,6 +400,7 @@ class LengthLatency:
     student_ms: float | None = None
     speedup: float | None = None
     repeats: int | None = None
+    other_processes_cores: float | None = None
 
     @classmethod
     def from_json(cls, data):
@@ -407,6 +417,7 @@ class OwnLengthLatency:
     teacher_ms: float | None = None
     student_ms: float | None = None
     speedup: float | None = None
+    other_processes_cores: float | None = None
 
     @classmethod
     def from_json(cls, data):
