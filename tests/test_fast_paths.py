@@ -4,6 +4,7 @@ path equals the naive quadratic reference (with and without padding, in inferenc
 import ast
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -379,6 +380,42 @@ def test_chunking_is_used_only_without_gradients():
         assert calls == [1, 1]  # ch_rms needs the whole sequence: not chunkable
     finally:
         core._chunked_attention = original
+
+
+@pytest.mark.parametrize("name,options", [("luna", {}), ("hedgehog", {})])
+def test_a_map_made_under_inference_mode_reuses_its_tables_until_a_parameter_changes(name, options, monkeypatch):
+    """Parameters made under ``torch.inference_mode`` (a model converted there) have no version counter: the
+    tables built from them (LUNA's knot lookup, Hedgehog's stacked weight) are kept while their values are equal,
+    rebuilt when one changes, and the outputs match a map made outside inference mode."""
+    from linearize.attention.feature_maps import base
+
+    torch.manual_seed(0)
+    reference = create_feature_map(name, D, H, **options).eval()
+    with torch.inference_mode():
+        fm = create_feature_map(name, D, H, **options).eval()
+        fm.load_state_dict(reference.state_dict())
+    assert all(p.is_inference() for p in fm.parameters())
+    builds = []
+    original = base.kept_while_unchanged
+
+    def counting(owner, key_name, key, build, params):
+        return original(owner, key_name, key, lambda: builds.append(key_name) or build(), params)
+
+    monkeypatch.setattr(base, "kept_while_unchanged", counting)
+    if name == "luna":
+        monkeypatch.setattr(sys.modules[type(fm).__module__], "kept_while_unchanged", counting)
+    q, k, v = (torch.randn(1, H, 200, D) for _ in range(3))  # LUNA's lookup: >= 512 values a chunk
+    with torch.inference_mode():
+        first = linear_attention(q, k, v, fm, chunk_size=64)
+        made = len(builds)
+        again = linear_attention(q, k, v, fm, chunk_size=64)
+        assert made > 0 and len(builds) == made and torch.equal(first, again)  # kept, not rebuilt
+        torch.testing.assert_close(first, linear_attention(q, k, v, reference, chunk_size=64))
+        next(fm.parameters()).mul_(1.5)  # a changed value: rebuilt, as a fresh map with the same weights computes
+        changed = linear_attention(q, k, v, fm, chunk_size=64)
+        assert len(builds) > made
+        next(reference.parameters()).mul_(1.5)
+        torch.testing.assert_close(changed, linear_attention(q, k, v, reference, chunk_size=64))
 
 
 def test_small_calls_take_the_one_shot_form_unless_a_chunk_size_is_given(monkeypatch):

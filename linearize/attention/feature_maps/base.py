@@ -324,16 +324,10 @@ class FeatureMap(nn.Module):
         """``build()``: a small tensor made from the parameters ``params`` in ``dtype`` (a stacked or
         scaled weight), kept while they stay unchanged, so inference makes it once, not once per
         chunk and call; rebuilt whenever autograd may want its graph, and in a traced graph."""
-        if is_tracing() or any(p.is_inference() for p in params) or (
-                torch.is_grad_enabled() and any(p.requires_grad for p in params)):
-            return build()  # inference tensors have no version to key on
-        key = (dtype, *((p.data_ptr(), p._version, p.device) for p in params))
-        name = f"_reused_{name}"  # in the instance's dict (not a buffer: never saved), clear of its methods
-        cached = self.__dict__.get(name)
-        if cached is None or cached[0] != key:
-            with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
-                cached = self.__dict__[name] = (key, build())
-        return cached[1]
+        if is_tracing() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return build()
+        # in the instance's dict (not a buffer: never saved), clear of its methods
+        return kept_while_unchanged(self, f"_reused_{name}", (dtype,), build, params)
 
     @staticmethod
     def cast(param, x):
@@ -343,6 +337,25 @@ class FeatureMap(nn.Module):
     def extra_repr(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, feature_dim={self.feature_dim}" + (f", {opts}" if opts else "")
+
+
+def kept_while_unchanged(owner, name, key, build, params):
+    """``build()``, kept in ``owner.__dict__[name]`` while ``key`` and the values of ``params`` stay the same.
+
+    A parameter's version counter says whether it changed. Parameters made under ``torch.inference_mode``
+    (a model converted there) have none: theirs are compared whole with a copy kept beside the value (a
+    few thousand numbers), so such a model reuses what it built too, instead of rebuilding it on every call.
+    The value is built outside inference mode and without autograd, usable in and out of both."""
+    inference = any(p.is_inference() for p in params)
+    full_key = key + tuple((p.data_ptr(), p.device, None if inference else p._version) for p in params)
+    cached = owner.__dict__.get(name)
+    if cached is not None and cached[0] == full_key and all(torch.equal(a, b) for a, b in zip(cached[2], params)):
+        return cached[1]
+    with torch.inference_mode(False), torch.no_grad():
+        value = build()
+        copies = tuple(p.detach().clone() for p in params) if inference else ()
+    owner.__dict__[name] = (full_key, value, copies)
+    return value
 
 
 def per_head_matmul(x, weight, out):

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..core import is_tracing, scratch
-from .base import FeatureMap, MethodOptions, above, at_least, per_head_matmul, register_feature_map
+from .base import (FeatureMap, MethodOptions, above, at_least, kept_while_unchanged, per_head_matmul,
+                   register_feature_map)
 
 
 def piecewise_linear(u, table, index):
@@ -281,16 +282,8 @@ class LunaFeatureMap(FeatureMap):
         return (self.mlp_w1, self.mlp_b1, self.mlp_w2, self.mlp_b2)
 
     def _cached(self, name, key, build):
-        """``build()``, kept until ``key`` (dtype, device, parameter versions...) changes."""
-        # inference tensors (made under torch.inference_mode) have no version counter: no cache
-        if any(p.is_inference() for p in self._psi_params()):
-            return build()
-        key = key + tuple((p.data_ptr(), p._version) for p in self._psi_params())
-        cached = self.__dict__.get(name)
-        if cached is None or cached[0] != key:
-            cached = (key, build())
-            self.__dict__[name] = cached
-        return cached[1]
+        """``build()``, kept until ``key`` (dtype, device, scale...) or a ψ parameter changes."""
+        return kept_while_unchanged(self, name, key, build, self._psi_params())
 
     def _knot_structure(self, dtype, device):
         """The parameter-independent-in-value part of the lookup (no gradients): the sorted knots
