@@ -54,7 +54,9 @@ def tiny_recipe(tiny, max_length=48, **more):
                  "teacher": {"lr": 1e-3, "batch_size": 8, "epochs": 1},
                  "stage1": {"lr": 1e-2, "batch_size": 8, "epochs": 1, "eval_batches": 1, "block_size": 16},
                  "stage2": {"lr": 1e-3, "batch_size": 8, "epochs": 1},
-                 "eval": {"latency_repeats": 1, "examples": 1}, **more}
+                 "eval": {"latency_repeats": 1, "examples": 1},
+                 # pure: the recipe's window sits in layers 1-2, and the tiny model has two layers (0, 1)
+                 "hybrid": {"window": 0, "sinks": "none", "hybrid_layers": None}, **more}
     return load_recipe("minilm-longreviews", overrides=overrides)
 
 
@@ -89,6 +91,8 @@ def test_the_recipe_resolves_with_its_quick_block():
     recipe = load_recipe("minilm-longreviews")
     assert (recipe.task, recipe.method, recipe.data.max_length) == ("moviereviews-long", "hedgehog", 2048)
     assert recipe.position_init == "tile" and recipe.stage1.block_size == 512
+    hybrid = recipe.hybrid  # the window in layers 1-2 (docs/experiments/hybrid, §8)
+    assert (hybrid.window, hybrid.sinks, hybrid.hybrid_layers) == (32, "first", [1, 2])
     quick = load_recipe("minilm-longreviews", quick=True)
     assert quick.data.max_length > 512 and quick.data.max_train_examples <= 16  # still extends positions
 
