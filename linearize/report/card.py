@@ -329,8 +329,8 @@ def _recovery_section(report, figures):
     if own is not None and own.teacher_ms is not None and own.student_ms is not None:
         facts.append(f"- Time per example at the task's own lengths ({own.examples:,} examples, {own.mean_tokens:,.0f} "
                      f"tokens on average, batch 1): teacher {own.teacher_ms:.1f} ms, student {own.student_ms:.1f} ms.")
-    busy = busy_warning(latency.busy_cores())
-    if busy and (latency.teacher_ms is not None or longer or own is not None):
+    busy = busy_warning(latency.busy_cores())  # recorded only beside a timing
+    if busy:
         facts.append(f"- Warning on these timings: {busy}.")
     if facts:
         lines += facts + [""]
