@@ -208,6 +208,27 @@ def test_chunked_path_over_several_chunks_equals_the_reference(name, opts):
                 assert error <= 1e-4, (n, radius, chunk, sinks, kind, error)
 
 
+@pytest.mark.parametrize("name,opts", [("hedgehog", {}), ("performer", {})], ids=["hedgehog", "performer"])
+def test_chunked_path_without_padding_at_every_edge_length(name, opts):
+    """Without padding the chunked path finds the keys and sinks each window leaves out from the length alone
+    (slices, not masks) and, for a sequence of one chunk, reads the keys' halo for both passes: lengths of one
+    token, shorter than a block, a block and one more, whole blocks, one short of a block; sinks in and out of
+    every window; one chunk, and chunks of one and two blocks; a log-scaled map too (Performer)."""
+    fm = make(name, opts)
+    gamma = torch.tensor([0.5, 2.0])
+    radius = 4
+    for n in (1, 3, 4, 5, 8, 9, 12, 15, 17, 31):
+        q, k, v = qkv(n=n, seed=n)
+        for sinks in SINK_CASES:
+            found = sink_positions(None, B, n, sinks, "cpu") if sinks else None
+            ref = hybrid_quadratic_attention(q, k, v, fm, radius, sinks, gamma)
+            for chunk in (None, 4, 8):
+                with torch.no_grad():
+                    out = hybrid.chunked_hybrid_attention(q, k, v, fm, radius, found, gamma, None, None, 1e-6, chunk)
+                error = relative_error(out, ref, real_rows(None, n=n))
+                assert error <= 1e-4, (name, n, sinks, chunk, error)
+
+
 def test_block_sums_too_large_to_keep_are_allocated_per_call(monkeypatch):
     """Above ``BLOCK_SUMS_KEPT_BYTES`` the per-block sums are a tensor of the call, not a kept buffer:
     the same result."""

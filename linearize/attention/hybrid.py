@@ -106,6 +106,12 @@ def sink_positions(key_padding_mask, batch, seq, sinks, device):
     """``(positions [B, S] long, valid [B, S] bool)`` of the sink tokens ``sinks`` of each sequence:
     ``first`` / ``last`` are its first / last real token (0 and N − 1 without padding). A sink is not
     valid in a sequence with no real token, or where it is the same token as an earlier sink."""
+    if key_padding_mask is None and not is_tracing():  # eager, no padding: known without a look at the tokens
+        positions = torch.tensor([0 if name == "first" else seq - 1 for name in sinks], device=device)
+        valid = torch.ones(len(sinks), dtype=torch.bool, device=device)
+        if len(sinks) == 2 and seq == 1:
+            valid[1] = False
+        return positions.expand(batch, -1), valid.expand(batch, -1)
     if key_padding_mask is None:
         mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
     else:

@@ -13,18 +13,21 @@ the exact set. It is computed in two passes over chunks of whole blocks, as ``co
 attention is (every chunk-sized temporary in ``core.scratch`` buffers, so a user's process does not map and
 fault in new memory on every forward):
 
-1. keys: each chunk's features and their sums per block of ``R`` keys, ``γ Σ_{j∈block} φ(k_j)[v_j, 1]ᵀ``
-   (numerator and normaliser in one product, γ folded into the values, kept for the whole sequence: ``N/R``
-   blocks), and the sink keys' features (a log-scaled map's running max rescales what came before, as in
-   ``core``);
+1. keys: the sums per block of ``R`` keys, ``Σ_{j∈block} φ(k_j)[v_j, 1]ᵀ`` (numerator and normaliser in one
+   product, kept for the whole sequence: ``N/R`` blocks), and the sink keys' features (a log-scaled map's running
+   max rescales what came before, as in ``core``). A sequence of one chunk (batch 1 up to 2,048 tokens at
+   MiniLM's geometry) lays its keys and ``[v_j, 1]`` out as the halo of step 2 once, and the queries' exact part
+   reads the same buffers; the keys' features are computed on that layout and every block's sums are one
+   product written in place (no copy of the keys, values or features for the block sums);
 2. queries: each chunk's blocks of queries with one block on either side (a "halo", the rows laid out one
    after another with one block of padding between them, so a block's window, the blocks before, at and
    after it, is 3R consecutive rows: a strided view). The exact part is one batched product for the scores
    against every window and one for ``Σ exp(s_ij − c_i)[v_j, 1]`` (no copy of the windows); the linear part
-   one product with ``γ[S − S_W, z − z_W]`` per block (every query of a block has one window: the global
-   sums less the window's three block sums). A sink exact for the query (outside its window) moves from the
-   linear part to the exact one: its score joins the max ``c_i`` and its weight ``exp(s_is − c_i) −
-   γ φ(q_i)ᵀφ(k_s)`` multiplies ``[v_s, 1]``.
+   one product of ``γ φ(q_i)`` (γ applied to the query features once) with ``[S − S_W, z − z_W]`` per block
+   (every query of a block has one window: the global sums less the window's three block sums). A sink exact
+   for the query (outside its window) moves from the linear part to the exact one: its score joins the max
+   ``c_i`` and its weight ``exp(s_is − c_i) − γ φ(q_i)ᵀφ(k_s)`` multiplies ``[v_s, 1]``. Without padding, which
+   keys and sinks each window must leave out follows from the length alone: slices, not masks.
 
 No ``N×N`` tensor, no tensor of the whole sequence's features; O(N·(3R + D)·d) time.
 """
@@ -58,7 +61,7 @@ def chunked_hybrid_attention(q, k, v, feature_map, radius, sinks, gamma, key_pad
     chunk = max(1, int(chunk) // block) * block
     mask = real_key_mask(key_padding_mask, batch, seq, k.device)
     gamma = gamma.float().repeat_interleave(batch).reshape(-1, 1, 1)  # rows h·B + b
-    keys = _KeyPass(k, v, feature_map, mask, key_padding_mask is not None, scale, block, chunk, sinks, gamma, eps)
+    keys = _KeyPass(k, v, feature_map, mask, key_padding_mask is not None, scale, block, chunk, sinks, eps)
     out = torch.empty(batch, seq, heads, v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, seq, chunk):
         stop = min(start + chunk, seq)
@@ -72,12 +75,12 @@ class _KeyPass:
     column, the normaliser's; an empty block before the first and after the last), ``state [rows, D, d + 1]``
     (the same over every real key), ``bias [rows, 1, d]`` (``ε/n Σ_j v_j``), ``root`` (``√scale``: queries and
     keys both carry it, so their products are the scores and the queries are the feature map's input), and
-    the sinks (``sink_*``) when there are any."""
+    the sinks (``sink_*``) when there are any. ``whole``: the sequence is one chunk, and ``halo_keys``,
+    ``halo_values`` and ``real`` hold its halo (:meth:`_whole_sequence`) for the queries."""
 
-    def __init__(self, k, v, feature_map, mask, padded, scale, block, chunk, sinks, gamma, eps):
+    def __init__(self, k, v, feature_map, mask, padded, scale, block, chunk, sinks, eps):
         batch, heads, seq, dim = k.shape
         self.k, self.v, self.mask, self.padded, self.root, self.block = k, v, mask, padded, scale**0.5, block
-        self.gamma = gamma
         self.batch, self.heads, self.rows, self.seq = batch, heads, batch * heads, seq
         count = -(-seq // block)
         dim_f, dim_v = feature_map.feature_dim, v.shape[-1]
@@ -86,13 +89,76 @@ class _KeyPass:
             self.blocks = scratch("linearize.hybrid.blocks", shape, k.device)
         else:  # a whole long batch's sums: not held by the process after the call
             self.blocks = torch.empty(shape, device=k.device)
-        self.blocks[:, 0].zero_()
-        self.blocks[:, count + 1].zero_()
         self.sinks = sinks is not None
+        self.around = (None, None)  # the mask of the last halo whose features were computed (_halo_features)
         if sinks is not None:
             self.sink_positions, self.sink_valid = sinks
+            # without padding every sink is valid, but for the last of a one-token sequence (it is the first)
+            self.sinks_valid = not padded and (seq > 1 or self.sink_positions.shape[1] == 1)
+            # then every sequence's sinks are at the same tokens: their positions as numbers, for slices
+            self.sink_list = self.sink_positions[0].tolist() if self.sinks_valid else None
             self.sink_features = torch.zeros(self.rows, self.sink_positions.shape[1], dim_f, device=k.device)
-        real_v = torch.zeros(self.rows, 1, dim_v, device=k.device)
+        self.whole = seq <= chunk
+        if self.whole:
+            real_v = self._whole_sequence(feature_map, mask)
+        else:
+            real_v = self._by_chunks(feature_map, mask, chunk)
+        self.state = self.blocks[:, 1:count + 1].sum(dim=1)
+        if padded:
+            n_real = mask.sum(dim=1).repeat(heads).reshape(self.rows, 1, 1)
+            self.bias = real_v.mul_(eps / n_real.clamp_min(1.0))
+        else:
+            self.bias = real_v.mul_(eps / max(1, seq))
+        if sinks and not self.whole:
+            self._gather_sink_keys()
+
+    def _whole_sequence(self, feature_map, mask):
+        """Pass 1 for a sequence of one chunk: the keys (times ``√scale``) and ``[v_j, 1]`` in the halo layout of
+        the whole sequence (:func:`_halo`), kept for the queries' exact part, the keys' features computed on that
+        layout (its padding blocks and padded keys zeroed), and every block's sums in one product written into
+        :attr:`blocks` (whose first and last block are the halo's padding). Returns ``Σ_j v_j [rows, 1, d]``."""
+        self.real = _real_keys(self, 0, self.seq)
+        self.halo_keys = _halo(self.k, self, 0, self.seq, self.root, "linearize.hybrid.halo_keys")
+        self.halo_values = _halo_values(self, 0, self.seq, self.real)
+        phi, log = _halo_features(self.halo_keys, self, feature_map, self.mask, 0)  # [rows·(blocks + 2), R, D]
+        by_head = phi.view(self.heads, self.batch, -1, phi.shape[-1])
+        if log is not None:  # one chunk: the max over every real key, no rescaling
+            keep = self.real.view(self.batch, 1, -1, 1)
+            log_scaled_chunk(by_head.transpose(0, 1), log, keep, None, True)
+        elif self.padded:
+            by_head.mul_(self.real.view(1, self.batch, -1, 1))
+        else:  # the halo's padding: the block before the sequence and what follows its last token
+            by_head[:, :, :self.block].zero_()
+            by_head[:, :, self.block + self.seq:].zero_()
+        torch.bmm(phi.transpose(1, 2), self.halo_values, out=self.blocks.view(-1, *self.blocks.shape[2:]))
+        if self.sinks:
+            self._sinks_from_halo(by_head)
+        return self.halo_values.view(self.rows, -1, self.halo_values.shape[-1])[..., :-1].sum(dim=1, keepdim=True)
+
+    def _sinks_from_halo(self, features):
+        """The sink keys' features, keys (times ``√scale``) and ``[v_s, 1]`` ``[rows, S, ·]``, read off the halo
+        layouts of the whole sequence (``features [H, B, halo, D]``); zero where a sink is not valid."""
+        index = (self.sink_positions + self.block)[None, :, :, None]  # halo rows: the sequence starts at R
+        valid = None if self.sinks_valid else self.sink_valid.repeat(self.heads, 1)[..., None]
+
+        def gather(halo):
+            by_head = halo.view(self.heads, self.batch, -1, halo.shape[-1])
+            picked = by_head.gather(2, index.expand(self.heads, -1, -1, halo.shape[-1])).view(self.rows, -1,
+                                                                                                halo.shape[-1])
+            return picked if valid is None else picked.mul_(valid)
+
+        self.sink_features, self.sink_keys = gather(features), gather(self.halo_keys)
+        self.sink_rows = gather(self.halo_values)
+
+    def _by_chunks(self, feature_map, mask, chunk):
+        """Pass 1 chunk by chunk (a sequence longer than one chunk): each chunk's key features and block sums
+        (:meth:`_add_blocks`); a log-scaled map's running max rescales the sums of the chunks before. Returns
+        ``Σ_j v_j [rows, 1, d]``."""
+        k, seq, block, heads, batch, padded = self.k, self.seq, self.block, self.heads, self.batch, self.padded
+        sinks = self.sinks
+        real_v = torch.zeros(self.rows, 1, self.v.shape[-1], device=k.device)
+        self.blocks[:, 0].zero_()
+        self.blocks[:, -1].zero_()
         top = None
         for start in range(0, seq, chunk):
             stop = min(start + chunk, seq)
@@ -111,11 +177,7 @@ class _KeyPass:
             real_v += self._add_blocks(phi, start, stop)
             if sinks:
                 self._keep_sink_features(by_head, start, stop)
-        self.state = self.blocks[:, 1:count + 1].sum(dim=1)
-        n_real = mask.sum(dim=1).repeat(heads).reshape(self.rows, 1, 1)
-        self.bias = real_v.mul_(eps / n_real.clamp_min(1.0))
-        if sinks:
-            self._gather_sink_keys()
+        return real_v
 
     def values(self, start, stop, length):
         """``[v_j, 1]`` of the keys ``start:stop`` (float32) in a ``[H, B, length, d + 1]`` buffer, head-major: zeros
@@ -141,7 +203,6 @@ class _KeyPass:
             phi = padded
         values = self.values(start, stop, length).view(rows, length // block, block, -1)
         real_v = values[..., :-1].sum(dim=(1, 2)).unsqueeze(1)
-        values.mul_(self.gamma[..., None])  # the linear part's γ, once here rather than per query
         features = phi.view(rows, length // block, block, -1)
         first, count = 1 + start // block, length // block
         sums = torch.matmul(features.transpose(-1, -2), values,
@@ -217,26 +278,43 @@ def _real_keys(keys, start, stop):
     """``[B, blocks + 2, R]`` bool: the halo's keys that are real (inside the sequence, not padding)."""
     block = keys.block
     count = -(-(stop - start) // block)
-    positions = torch.arange(start - block, start + (count + 1) * block, device=keys.mask.device)
-    inside = (positions >= 0) & (positions < keys.seq)
-    real = torch.zeros(keys.batch, positions.shape[0], dtype=torch.bool, device=keys.mask.device)
-    real[:, inside] = keys.mask[:, positions[inside]].bool()
+    low, high = max(0, start - block), min(keys.seq, start + (count + 1) * block)  # the sequence's tokens in it
+    offset = low - (start - block)
+    real = torch.zeros(keys.batch, (count + 2) * block, dtype=torch.bool, device=keys.mask.device)
+    if keys.padded:
+        real[:, offset:offset + high - low] = keys.mask[:, low:high].bool()
+    else:
+        real[:, offset:offset + high - low] = True
     return real.view(keys.batch, count + 2, block)
 
 
-def _hide_keys(scores, keys, real):
+def _hide_keys(scores, keys, real, start):
     """``-inf`` on the window scores (``scores [rows·(blocks + 2), R, 3R]``, block ``c``'s queries against its
-    window) of keys that are not real (``real [B, blocks + 2, R]``: :func:`_real_keys`). Without padding only the
-    windows at the sequence's ends hold such keys, and only they are touched."""
+    window; the chunk's first query is the token ``start``) of keys that are not real (``real [B, blocks + 2, R]``:
+    :func:`_real_keys`). Without padding only the windows at the sequence's ends hold such keys, and only they are
+    touched."""
     block, count = keys.block, real.shape[1] - 2
-    windows = real.view(keys.batch, -1).unfold(1, 3 * block, block)  # [B, blocks, 3R]: block c + 1's window
     view = scores.view(keys.heads, keys.batch, count + 2, block, 3 * block)[:, :, 1:count + 1]
-    holes = (~windows).any(dim=2).any(dim=0).nonzero().flatten().tolist() if not keys.padded else None
-    if holes is None or len(holes) > 4:
+    if keys.padded:
+        windows = real.view(keys.batch, -1).unfold(1, 3 * block, block)  # [B, blocks, 3R]: block c + 1's window
         view.masked_fill_(~windows[None, :, :, None, :], float("-inf"))
         return
-    for index in holes:  # block ``index + 1``'s window holds keys that are not real
-        view[:, :, index].masked_fill_(~windows[None, :, index, None, :], float("-inf"))
+    for index, g in enumerate(range(start // block, start // block + count)):  # block g: tokens (g − 1)R .. (g + 2)R − 1
+        if g == 0:  # its window's first block lies before the sequence
+            view[:, :, index, :, :block].fill_(float("-inf"))
+        if (g + 2) * block > keys.seq:  # and its end after it
+            view[:, :, index, :, keys.seq - (g - 1) * block:].fill_(float("-inf"))
+
+
+def _near_sinks(keys, start, stop):
+    """Without padding (``keys.sink_list``): ``(sink, first, last)`` for each sink, the halo blocks ``first ..
+    last - 1`` of whose queries it is inside the window (not an exact sink for them; a slice of the halo)."""
+    block = keys.block
+    count = -(-(stop - start) // block)
+    offset = start // block - 1  # halo block h is the sequence's block h + offset
+    near = [(index, max(0, position // block - 1 - offset), min(count + 2, position // block + 2 - offset))
+            for index, position in enumerate(keys.sink_list)]
+    return [(index, first, last) for index, first, last in near if first < last]  # no slice with a negative end
 
 
 def _exact_sinks(keys, start, stop):
@@ -256,23 +334,31 @@ def _exact_window_part(queries, keys, start, stop, real):
     sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. The first and the
     last halo block's rows are padding (not written, not used)."""
     total, block, _ = queries.shape
-    halo_keys = _halo(keys.k, keys, start, stop, keys.root, "linearize.hybrid.halo_keys")
+    halo_keys = keys.halo_keys if keys.whole else _halo(keys.k, keys, start, stop, keys.root,
+                                                        "linearize.hybrid.halo_keys")
     window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
     scores = window[1:-1]
     torch.bmm(queries[1:-1], _windows(halo_keys, block).transpose(1, 2), out=scores)
-    _hide_keys(window, keys, real)
+    _hide_keys(window, keys, real, start)
     top = scores.amax(dim=-1, keepdim=True)
     sink = None
     if keys.sinks:  # the sink keys' scores, -inf where the sink is not exact for the query's block
         sink = torch.bmm(queries.view(keys.rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2))
-        exact = _exact_sinks(keys, start, stop)
-        sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1]).masked_fill_(~exact[None, :, :, None, :],
-                                                                                    float("-inf"))
+        by_block = sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1])
+        if keys.sink_list is not None:
+            exact = _near_sinks(keys, start, stop)
+            for index, first, last in exact:
+                by_block[:, :, first:last, :, index].fill_(float("-inf"))
+        else:
+            exact = _exact_sinks(keys, start, stop)
+            by_block.masked_fill_(~exact[None, :, :, None, :], float("-inf"))
         top = torch.maximum(top, sink.view(total, block, -1)[1:-1].amax(dim=-1, keepdim=True))
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    if keys.padded:  # a query whose window and sinks hold no real key: c_i = 0 (without padding each has its own)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     scores.sub_(top).exp_()
     num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
-    torch.bmm(scores, _windows(_halo_values(keys, start, stop, real), block), out=num[1:-1])
+    values = keys.halo_values if keys.whole else _halo_values(keys, start, stop, real)
+    torch.bmm(scores, _windows(values, block), out=num[1:-1])
     num[0].zero_()
     num[-1].zero_()
     if sink is not None:
@@ -285,19 +371,26 @@ def _exact_window_part(queries, keys, start, stop, real):
 
 def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
     """Write the output rows of the queries ``start:stop`` into ``out``, a ``[H, B, stop - start, d]`` view of
-    the output: the window's exact part (:func:`_exact_window_part`), plus ``φ(q_i)ᵀ γ(S − S_{W_i})`` per block
+    the output: the window's exact part (:func:`_exact_window_part`), plus ``γ φ(q_i)ᵀ(S − S_{W_i})`` per block
     (:func:`_outside_window`, numerator and normaliser in one product), less ``γ φ(q_i)ᵀφ(k_s)[v_s, 1]`` for each
     sink exact for the query (the sinks join its exact set: their linear terms leave it, their exact weights
     join it)."""
     block, rows = keys.block, keys.rows
     queries = _halo(q, keys, start, stop, keys.root, "linearize.hybrid.queries")
-    num, sink, exact = _exact_window_part(queries, keys, start, stop, _real_keys(keys, start, stop))
-    phi = _query_features(queries, keys, feature_map, mask, start)  # [rows·(blocks + 2), R, D]
+    num, sink, exact = _exact_window_part(queries, keys, start, stop, keys.real if keys.whole else
+                                          _real_keys(keys, start, stop))
+    phi = _halo_features(queries, keys, feature_map, mask, start)[0]  # [rows·(blocks + 2), R, D]; log-scale cancels
+    phi.view(rows, -1, phi.shape[-1]).mul_(gamma)  # γ φ(q_i): the linear part's γ, in the outside and sink terms
     num.baddbmm_(phi, _outside_window(keys, start, stop))
     if sink is not None:
         linear = torch.bmm(phi.view(rows, -1, phi.shape[-1]), keys.sink_features.transpose(1, 2))  # [rows, halo, S]
-        linear.view(keys.heads, keys.batch, -1, block, linear.shape[-1]).mul_(exact[None, :, :, None, :])
-        weights = sink.view(rows, -1, sink.shape[-1]).addcmul_(linear, gamma, value=-1.0)
+        by_block = linear.view(keys.heads, keys.batch, -1, block, linear.shape[-1])
+        if keys.sink_list is not None:  # exact: (sink, halo blocks) where it is not
+            for index, first, last in exact:
+                by_block[:, :, first:last, :, index].zero_()
+        else:
+            by_block.mul_(exact[None, :, :, None, :])
+        weights = sink.view(rows, -1, sink.shape[-1]).sub_(linear)
         num.view(rows, -1, num.shape[-1]).baddbmm_(weights, keys.sink_rows)
     num = num.view(rows, -1, num.shape[-1])
     values = num[..., :-1].add_(keys.bias)
@@ -309,32 +402,36 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
         torch.div(values, den, out=out)
     else:
         out.copy_(cast_finite(values / den, out.dtype))
-def _query_features(queries, keys, feature_map, mask, start):
-    """The features of the halo queries ``[rows·(blocks + 2), R, D]`` (``queries`` times ``√scale``, the map's
-    input; the padding blocks' rows are not used). The map sees the halo as a chunk of a sequence with ``R``
-    padded tokens before its first token, so a map that reads positions from the mask (cosFormer) places
-    every token where it is."""
+def _halo_features(halo, keys, feature_map, mask, start):
+    """``(features [rows·(blocks + 2), R, D], log-scale [B, H, halo, 1] or None)`` of a halo of queries or keys
+    (:func:`_halo`, times ``√scale``: the map's input) starting ``R`` tokens before the token ``start``; the
+    padding blocks' features are computed too (the caller zeroes or ignores them). The map sees the halo as a
+    chunk of a sequence with ``R`` padded tokens before its first token, so a map that reads positions from the
+    mask (cosFormer) places every token where it is."""
     block, heads, batch = keys.block, keys.heads, keys.batch
-    length = queries.shape[0] // keys.rows * block
-    given = queries.view(heads, batch, length, -1).transpose(0, 1)
-    around = torch.nn.functional.pad(mask, (block, max(0, start + length - block - mask.shape[1])))  # halo: start ..
-    out = scratch("linearize.hybrid.query_features", (heads, batch, length, feature_map.feature_dim), queries.device)
+    length = halo.shape[0] // keys.rows * block
+    given = halo.view(heads, batch, length, -1).transpose(0, 1)
+    if keys.around[0] != (start, length):  # the halo's mask: the keys' halo and the queries' of one chunk share it
+        keys.around = (start, length), torch.nn.functional.pad(mask, (block, max(0, start + length - block
+                                                                                  - mask.shape[1])))
+    around = keys.around[1]
+    out = scratch("linearize.hybrid.features", (heads, batch, length, feature_map.feature_dim), halo.device)
     if feature_map._forward_hooks or feature_map._forward_pre_hooks:
         given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
     if getattr(feature_map, "writes_out", False) and out is not None:
-        phi, _ = feature_map.chunk_features(given, around, start, out=out.transpose(0, 1))
+        phi, log = feature_map.chunk_features(given, around, start, out=out.transpose(0, 1))
     else:
-        phi, _ = feature_map.chunk_features(given, around, start)  # the query's log-scale cancels
+        phi, log = feature_map.chunk_features(given, around, start)
     rows = phi.transpose(0, 1)
     if out is None or rows.data_ptr() != out.data_ptr() or not rows.is_contiguous():
-        rows = scratch("linearize.hybrid.query_features", rows.shape, queries.device).copy_(rows)
-    return rows.reshape(-1, block, rows.shape[-1])
+        rows = scratch("linearize.hybrid.features", rows.shape, halo.device).copy_(rows)
+    return rows.reshape(-1, block, rows.shape[-1]), log
 
 
 def _outside_window(keys, start, stop):
-    """``γ[S − S_W, z − z_W]`` ``[rows·(blocks + 2), D, d + 1]`` for every halo query block (the padding blocks get
+    """``[S − S_W, z − z_W]`` ``[rows·(blocks + 2), D, d + 1]`` for every halo query block (the padding blocks get
     zeros): the global sums less the window's three block sums (every query of a block has one window), the
-    normaliser's as the last column (γ is in the block sums already: :meth:`_KeyPass._add_blocks`). Three passes
+    normaliser's as the last column (γ is on the query features: :func:`_query_chunk`). Three passes
     over the blocks' states (a running total, ``torch.cumsum``, would need two but costs more than a pass here)."""
     rows, first, block = keys.rows, start // keys.block, keys.block
     count = -(-(stop - start) // block)
