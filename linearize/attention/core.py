@@ -338,6 +338,13 @@ def features_of_chunk(feature_map, x, mask, start, stop, root):
     ``x [B, H, N, d]`` (times √scale), in :func:`scratch` buffers (head-major). A map that
     ``writes_out`` writes its features into the buffer itself; another map's are copied there."""
     batch, heads, _, dim = x.shape
+    hooked = bool(feature_map._forward_hooks or feature_map._forward_pre_hooks)
+    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
+    if (batch == 1 and x.dtype == torch.float32 and not hooked and getattr(feature_map, "writes_out", False)
+            and getattr(feature_map, "folds_input_scale", False)):  # one sequence: its [H, c, d] rows are a view
+        phi, log = feature_map.chunk_features(x[:, :, start:stop], mask, start, out=out.transpose(0, 1),
+                                              input_scale=root)
+        return _head_major_rows(phi, out, x.device, heads, batch, stop - start), log
     scaled = scratch("linearize.x", (heads, batch, stop - start, dim), x.device)
     part = x[:, :, start:stop].transpose(0, 1)
     if x.dtype == torch.float32:
@@ -345,17 +352,22 @@ def features_of_chunk(feature_map, x, mask, start, stop, root):
     else:
         scaled.copy_(part).mul_(root)  # to float32 first, as the one-shot path
     given = scaled.transpose(0, 1)
-    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
-    if feature_map._forward_hooks or feature_map._forward_pre_hooks:
+    if hooked:
         given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
     if getattr(feature_map, "writes_out", False) and out is not None:
         phi, log = feature_map.chunk_features(given, mask, start, out=out.transpose(0, 1))
     else:
         phi, log = feature_map.chunk_features(given, mask, start)
+    return _head_major_rows(phi, out, x.device, heads, batch, stop - start), log
+
+
+def _head_major_rows(phi, out, device, heads, batch, size):
+    """The features ``phi [B, H, c, D]`` as ``[H*B, c, D]`` rows: the buffer ``out`` the map wrote them into, or a
+    copy in that buffer."""
     rows = phi.transpose(0, 1)
     if out is None or rows.data_ptr() != out.data_ptr() or not rows.is_contiguous():
-        rows = scratch("linearize.phi", (heads, batch, stop - start, phi.shape[-1]), x.device).copy_(rows)
-    return rows.view(heads * batch, stop - start, -1), log
+        rows = scratch("linearize.phi", (heads, batch, size, phi.shape[-1]), device).copy_(rows)
+    return rows.view(heads * batch, size, -1)
 
 
 def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
@@ -385,11 +397,14 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
                 key_sum.mul_(rescale.transpose(0, 1).reshape(rows, 1, 1))
         elif padded:
             by_head.mul_(mask[None, :, start:stop, None])
-        values = scratch("linearize.v", (heads, batch, stop - start, dim_v), v.device)
-        values.copy_(v[:, :, start:stop].transpose(0, 1))  # float32, head-major
-        if padded:  # their φ is 0 already; zeroed values keep them out of Σv too
-            values.mul_(mask[None, :, start:stop, None])
-        values = values.view(rows, stop - start, dim_v)
+        if batch == 1 and not padded and v.dtype == torch.float32:  # one sequence: its [H, c, d] rows are a view
+            values = v[0, :, start:stop]
+        else:
+            values = scratch("linearize.v", (heads, batch, stop - start, dim_v), v.device)
+            values.copy_(v[:, :, start:stop].transpose(0, 1))  # float32, head-major
+            if padded:  # their φ is 0 already; zeroed values keep them out of Σv too
+                values.mul_(mask[None, :, start:stop, None])
+            values = values.view(rows, stop - start, dim_v)
         if state is None:
             state = scratch("linearize.state", (rows, phi.shape[-1], dim_v), v.device)
             key_sum = phi.sum(dim=1, keepdim=True)

@@ -27,7 +27,8 @@ from linearize.attention.hybrid_chunked import chunked_hybrid_attention
 from linearize.machine import machine_info
 
 HEADS, HEAD_DIM = 12, 32
-ROWS = [("hedgehog", {}, 16, 1, 2048), ("hedgehog", {}, 16, 1, 4096)] + \
+ROWS = [("hedgehog", {}, 32, 1, 300), ("hedgehog", {}, 32, 1, 900)] + \
+    [("hedgehog", {}, 16, 1, 2048), ("hedgehog", {}, 16, 1, 4096)] + \
     [("hedgehog", {}, 32, b, n) for b, n in ((8, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192))] + \
     [("hedgehog", {}, 64, 1, 2048), ("hedgehog", {}, 64, 1, 4096)] + \
     [("luna", {"projections": 16, "shared_projections": False}, 32, b, n) for b, n in ((1, 1024), (1, 2048), (1, 4096))]

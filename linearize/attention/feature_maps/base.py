@@ -216,6 +216,10 @@ class FeatureMap(nn.Module):
     #: :func:`per_head_matmul`) to write the features into, in inference (the chunked path's
     #: reused buffers, ``core.scratch``); it may still return a new tensor instead
     writes_out: bool = False
+    #: ``forward`` takes ``input_scale=`` (a float): the features of ``input_scale · x``, the factor folded into
+    #: the map's first per-head product, so the chunked path passes a batch of one sequence's ``x`` as the
+    #: strided view it is, with no scaled copy (``core.features_of_chunk``)
+    folds_input_scale: bool = False
     #: the dataclass of the method's options (defaults and help text live there)
     options_class: type = MethodOptions
     #: the method's paragraph in a pushed model's card (methods with the same text share it)
@@ -244,12 +248,12 @@ class FeatureMap(nn.Module):
     def forward(self, x, mask=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def chunk_features(self, x, mask, start, **out):
+    def chunk_features(self, x, mask, start, **given):
         """Features of the chunk ``x [B,H,c,d]`` of a sequence whose full ``[B,N]`` mask is
         ``mask``, starting at token ``start``. Only called when :attr:`chunkable`; this default
-        is for maps whose φ(x_i) depends on x_i alone. ``out``: passed on to a map that
-        :attr:`writes_out`."""
-        return self(x, mask=mask[:, start:start + x.shape[2]], **out)
+        is for maps whose φ(x_i) depends on x_i alone. ``given``: ``out`` and ``input_scale``, passed on to
+        a map that :attr:`writes_out` / :attr:`folds_input_scale`."""
+        return self(x, mask=mask[:, start:start + x.shape[2]], **given)
 
     def make_hybrid(self, window, sinks=(), gamma=None):
         """Make this map's layer hybrid (``linearize.attention.hybrid``): exact softmax over the keys of

@@ -29,6 +29,7 @@ class HedgehogFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     writes_out = True
+    folds_input_scale = True
     paper = "Hedgehog (Zhang et al. 2024) eq. 3"
     options_class = HedgehogOptions
     in_default_comparison = True
@@ -45,9 +46,12 @@ class HedgehogFeatureMap(FeatureMap):
         self.feature_dim = 2 * width
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 
-    def forward(self, x, mask=None, out=None):
+    def forward(self, x, mask=None, out=None, input_scale=None):
         # one product with [W; -W] gives [Wx, -Wx]; one softmax over the two halves
-        both = self.reused("both", x.dtype, lambda: self._both(x), self.weight)  # [H,d,2d']
+        if input_scale is None:
+            both = self.reused("both", x.dtype, lambda: self._both(x), self.weight)  # [H,d,2d']
+        else:  # the features of input_scale · x: the factor in the stacked weight
+            both = self.reused(f"both×{input_scale!r}", x.dtype, lambda: self._both(x) * input_scale, self.weight)
         if out is None:
             z = torch.matmul(x, both)  # [B,H,N,2d']
             return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None
@@ -55,7 +59,7 @@ class HedgehogFeatureMap(FeatureMap):
         # features also ~2x faster than torch.softmax, measured on a 2-core CPU)
         z = per_head_matmul(x, both, out).unflatten(-1, (2, -1))
         z.sub_(z.amax(dim=-1, keepdim=True)).exp_()
-        return z.div_(z.sum(dim=-1, keepdim=True)).flatten(-2), None
+        return z.mul_(z.sum(dim=-1, keepdim=True).reciprocal_()).flatten(-2), None  # each sum is at least 1
 
     def _both(self, x):
         weight = self.cast(self.weight, x)  # [H,d',d]
