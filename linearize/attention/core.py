@@ -339,9 +339,9 @@ def features_of_chunk(feature_map, x, mask, start, stop, root):
     ``writes_out`` writes its features into the buffer itself; another map's are copied there."""
     batch, heads, _, dim = x.shape
     hooked = bool(feature_map._forward_hooks or feature_map._forward_pre_hooks)
-    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
     if (batch == 1 and x.dtype == torch.float32 and not hooked and getattr(feature_map, "writes_out", False)
             and getattr(feature_map, "folds_input_scale", False)):  # one sequence: its [H, c, d] rows are a view
+        out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
         phi, log = feature_map.chunk_features(x[:, :, start:stop], mask, start, out=out.transpose(0, 1),
                                               input_scale=root)
         return _head_major_rows(phi, out, x.device, heads, batch, stop - start), log
@@ -352,6 +352,7 @@ def features_of_chunk(feature_map, x, mask, start, stop, root):
     else:
         scaled.copy_(part).mul_(root)  # to float32 first, as the one-shot path
     given = scaled.transpose(0, 1)
+    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
     if hooked:
         given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
     if getattr(feature_map, "writes_out", False) and out is not None:
@@ -398,7 +399,7 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
         elif padded:
             by_head.mul_(mask[None, :, start:stop, None])
         if batch == 1 and not padded and v.dtype == torch.float32:  # one sequence: its [H, c, d] rows are a view
-            values = v[0, :, start:stop]
+            values = v[0, :, start:stop]  # the product reads it in place, faster than a copy and a product
         else:
             values = scratch("linearize.v", (heads, batch, stop - start, dim_v), v.device)
             values.copy_(v[:, :, start:stop].transpose(0, 1))  # float32, head-major
