@@ -394,7 +394,9 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
         num.view(rows, -1, num.shape[-1]).baddbmm_(weights, keys.sink_rows)
     num = num.view(rows, -1, num.shape[-1])
     values = num[..., :-1].add_(keys.bias)
-    den = guard_denominator(num[..., -1:].add_(eps), eps)
+    den = num[..., -1:].add_(eps)
+    if keys.padded or not feature_map.nonnegative:  # else every query's own block is real: its exact part is >= 1
+        den = guard_denominator(den, eps)
     size = stop - start
     values = values.view(keys.heads, keys.batch, -1, values.shape[-1])[:, :, block:block + size]
     den = den.view(keys.heads, keys.batch, -1, 1)[:, :, block:block + size]
@@ -432,14 +434,16 @@ def _outside_window(keys, start, stop):
     """``[S − S_W, z − z_W]`` ``[rows·(blocks + 2), D, d + 1]`` for every halo query block (the padding blocks get
     zeros): the global sums less the window's three block sums (every query of a block has one window), the
     normaliser's as the last column (γ is on the query features: :func:`_query_chunk`). Three passes
-    over the blocks' states (a running total, ``torch.cumsum``, would need two but costs more than a pass here)."""
+    over the blocks' states: the window's three sums added, then taken from the global ones (~20% faster than three
+    subtractions from the global sums on a 2-core CPU; a running total, ``torch.cumsum``, would need two passes but
+    costs more than one here)."""
     rows, first, block = keys.rows, start // keys.block, keys.block
     count = -(-(stop - start) // block)
     dim_f, width = keys.state.shape[1:]
     both = scratch("linearize.hybrid.outside", (rows, count + 2, dim_f, width), keys.state.device)
-    middle = both[:, 1:count + 1]
-    torch.sub(keys.state[:, None], keys.blocks[:, first:first + count], out=middle)
-    middle.sub_(keys.blocks[:, first + 1:first + count + 1]).sub_(keys.blocks[:, first + 2:first + count + 2])
+    middle = both[:, 1:count + 1]  # the window's sums, then the global ones less them (the faster order, measured)
+    torch.add(keys.blocks[:, first:first + count], keys.blocks[:, first + 1:first + count + 1], out=middle)
+    torch.sub(keys.state[:, None], middle.add_(keys.blocks[:, first + 2:first + count + 2]), out=middle)
     both[:, 0].zero_()
     both[:, count + 1].zero_()
     return both.view(-1, dim_f, width)
