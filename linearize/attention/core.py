@@ -341,34 +341,34 @@ def features_of_chunk(feature_map, x, mask, start, stop, root):
     hooked = bool(feature_map._forward_hooks or feature_map._forward_pre_hooks)
     if (batch == 1 and x.dtype == torch.float32 and not hooked and getattr(feature_map, "writes_out", False)
             and getattr(feature_map, "folds_input_scale", False)):  # one sequence: its [H, c, d] rows are a view
-        out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
-        phi, log = feature_map.chunk_features(x[:, :, start:stop], mask, start, out=out.transpose(0, 1),
-                                              input_scale=root)
-        return _head_major_rows(phi, out, x.device, heads, batch, stop - start), log
+        return features_in_buffer(feature_map, x[:, :, start:stop], mask, start, "linearize.phi", input_scale=root)
     scaled = scratch("linearize.x", (heads, batch, stop - start, dim), x.device)
     part = x[:, :, start:stop].transpose(0, 1)
     if x.dtype == torch.float32:
         torch.mul(part, root, out=scaled)  # the contiguous copy a product needs anyway, scaled on the way
     else:
         scaled.copy_(part).mul_(root)  # to float32 first, as the one-shot path
-    given = scaled.transpose(0, 1)
-    out = scratch("linearize.phi", (heads, batch, stop - start, feature_map.feature_dim), x.device)
-    if hooked:
-        given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
+    return features_in_buffer(feature_map, scaled.transpose(0, 1), mask, start, "linearize.phi")
+
+
+def features_in_buffer(feature_map, given, mask, start, name, **extra):
+    """``(φ rows [H*B, c, D], log-scale or None)`` of the chunk ``given [B, H, c, d]`` (the map's input) of a
+    sequence with the ``[B, N]`` mask ``mask``, starting at token ``start``, in the :func:`scratch` buffer
+    ``name`` (head-major): a map that ``writes_out`` writes into it, another map's features are copied there.
+    ``extra`` (``input_scale``) goes to the map. A map with hooks gets a copy of its input and writes nowhere
+    shared: a hook may keep its tensors."""
+    batch, heads, size, _ = given.shape
+    out = scratch(name, (heads, batch, size, feature_map.feature_dim), given.device)
+    if feature_map._forward_hooks or feature_map._forward_pre_hooks:
+        given, out = given.clone(), None
     if getattr(feature_map, "writes_out", False) and out is not None:
-        phi, log = feature_map.chunk_features(given, mask, start, out=out.transpose(0, 1))
+        phi, log = feature_map.chunk_features(given, mask, start, out=out.transpose(0, 1), **extra)
     else:
-        phi, log = feature_map.chunk_features(given, mask, start)
-    return _head_major_rows(phi, out, x.device, heads, batch, stop - start), log
-
-
-def _head_major_rows(phi, out, device, heads, batch, size):
-    """The features ``phi [B, H, c, D]`` as ``[H*B, c, D]`` rows: the buffer ``out`` the map wrote them into, or a
-    copy in that buffer."""
+        phi, log = feature_map.chunk_features(given, mask, start, **extra)
     rows = phi.transpose(0, 1)
     if out is None or rows.data_ptr() != out.data_ptr() or not rows.is_contiguous():
-        rows = scratch("linearize.phi", (heads, batch, size, phi.shape[-1]), device).copy_(rows)
-    return rows.view(heads * batch, size, -1)
+        rows = scratch(name, (heads, batch, size, phi.shape[-1]), given.device).copy_(rows)
+    return rows.view(heads * batch, size, -1), log
 
 
 def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):

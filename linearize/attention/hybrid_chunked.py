@@ -38,8 +38,8 @@ import math
 
 import torch
 
-from .core import (cast_finite, chunk_tokens, features_of_chunk, guard_denominator, log_scaled_chunk, real_key_mask,
-                   scratch)
+from .core import (cast_finite, chunk_tokens, features_in_buffer, features_of_chunk, guard_denominator,
+                   log_scaled_chunk, real_key_mask, scratch)
 
 
 #: the per-block key sums (``N/R`` blocks of ``D × (d + 1)`` per row) live in a reused ``core.scratch`` buffer up to
@@ -93,11 +93,10 @@ class _KeyPass:
         self.around = (None, None)  # the mask of the last halo whose features were computed (_halo_features)
         if sinks is not None:
             self.sink_positions, self.sink_valid = sinks
-            # without padding every sink is valid, but for the last of a one-token sequence (it is the first)
-            self.sinks_valid = not padded and (seq > 1 or self.sink_positions.shape[1] == 1)
-            # then every sequence's sinks are at the same tokens: their positions as numbers, for slices
-            self.sink_list = self.sink_positions[0].tolist() if self.sinks_valid else None
-            self.sink_features = torch.zeros(self.rows, self.sink_positions.shape[1], dim_f, device=k.device)
+            # without padding every sink is valid (but for the last of a one-token sequence: it is the first) and
+            # every sequence's sinks are at the same tokens: their positions as numbers, for slices; else None
+            every_valid = not padded and (seq > 1 or self.sink_positions.shape[1] == 1)
+            self.sink_list = self.sink_positions[0].tolist() if every_valid else None
         self.whole = seq <= chunk
         if self.whole:
             real_v = self._whole_sequence(feature_map, mask)
@@ -139,7 +138,7 @@ class _KeyPass:
         """The sink keys' features, keys (times ``√scale``) and ``[v_s, 1]`` ``[rows, S, ·]``, read off the halo
         layouts of the whole sequence (``features [H, B, halo, D]``); zero where a sink is not valid."""
         index = (self.sink_positions + self.block)[None, :, :, None]  # halo rows: the sequence starts at R
-        valid = None if self.sinks_valid else self.sink_valid.repeat(self.heads, 1)[..., None]
+        valid = None if self.sink_list is not None else self.sink_valid.repeat(self.heads, 1)[..., None]
 
         def gather(halo):
             by_head = halo.view(self.heads, self.batch, -1, halo.shape[-1])
@@ -157,6 +156,9 @@ class _KeyPass:
         k, seq, block, heads, batch, padded = self.k, self.seq, self.block, self.heads, self.batch, self.padded
         sinks = self.sinks
         real_v = torch.zeros(self.rows, 1, self.v.shape[-1], device=k.device)
+        if sinks:
+            self.sink_features = torch.zeros(self.rows, self.sink_positions.shape[1], self.blocks.shape[2],
+                                             device=k.device)
         self.blocks[:, 0].zero_()
         self.blocks[:, -1].zero_()
         top = None
@@ -417,17 +419,8 @@ def _halo_features(halo, keys, feature_map, mask, start):
         keys.around = (start, length), torch.nn.functional.pad(mask, (block, max(0, start + length - block
                                                                                   - mask.shape[1])))
     around = keys.around[1]
-    out = scratch("linearize.hybrid.features", (heads, batch, length, feature_map.feature_dim), halo.device)
-    if feature_map._forward_hooks or feature_map._forward_pre_hooks:
-        given, out = given.clone(), None  # a hook may keep its tensors: none of them in a buffer
-    if getattr(feature_map, "writes_out", False) and out is not None:
-        phi, log = feature_map.chunk_features(given, around, start, out=out.transpose(0, 1))
-    else:
-        phi, log = feature_map.chunk_features(given, around, start)
-    rows = phi.transpose(0, 1)
-    if out is None or rows.data_ptr() != out.data_ptr() or not rows.is_contiguous():
-        rows = scratch("linearize.hybrid.features", rows.shape, halo.device).copy_(rows)
-    return rows.reshape(-1, block, rows.shape[-1]), log
+    phi, log = features_in_buffer(feature_map, given, around, start, "linearize.hybrid.features")
+    return phi.view(-1, block, phi.shape[-1]), log
 
 
 def _outside_window(keys, start, stop):
