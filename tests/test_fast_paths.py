@@ -571,3 +571,25 @@ def test_hooks_on_a_map_never_see_the_reused_buffers():
     finally:
         hook.remove()
     assert len(copies) == 6 and all(torch.equal(t, c) for t, c in zip(kept, copies))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("softmax_into", [True, False], ids=["aten-softmax", "five-ops"])
+def test_hedgehog_in_place_softmax_equals_the_reference(batch, softmax_into, monkeypatch):
+    """Hedgehog's features written into the chunked path's buffers: with ATen's softmax in place (one
+    sequence's buffer and head-major ones) and with the five in-place operations a PyTorch without it gets."""
+    from linearize.attention.feature_maps import hedgehog
+
+    if not softmax_into:
+        monkeypatch.setattr(hedgehog, "SOFTMAX_INTO", None)
+    assert softmax_into is (hedgehog.SOFTMAX_INTO is not None)
+    torch.manual_seed(8)
+    fm = create_feature_map("hedgehog", D, H).eval()
+    with torch.no_grad():
+        fm.weight.add_(torch.randn_like(fm.weight) * 0.3)
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(batch, 40, H, D, generator=g).transpose(1, 2) * 2 for _ in range(3))  # BERT's views
+    with torch.inference_mode():
+        ref = quadratic_attention(q, k, v, fm)
+        for chunk in (None, 16):
+            assert_matches_reference(fm, q, k, linear_attention(q, k, v, fm, chunk_size=chunk), ref)

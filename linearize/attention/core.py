@@ -321,8 +321,8 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     seq_q = q.shape[2]
     padded = key_padding_mask is not None
     mask = real_key_mask(key_padding_mask, batch, seq_k, k.device)
-    state, key_sum, real_v, n_real = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
-    bias = real_v.mul_(eps / n_real.clamp_min(1.0))  # ε/n·Σv, the numerator's guard term
+    state, key_sum, real_v = _chunked_key_state(k, v, feature_map, mask, padded, root, chunk)
+    bias = value_guard(real_v, mask, padded, heads, eps)
     out = torch.empty(batch, seq_q, heads, v.shape[-1], dtype=v.dtype, device=v.device)
     # the queries' own mask: the keys' one for self-attention, else all real (as a None mask is)
     query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
@@ -371,11 +371,21 @@ def features_in_buffer(feature_map, given, mask, start, name, **extra):
     return rows.view(heads * batch, size, -1), log
 
 
+def value_guard(real_v, mask, padded, heads, eps):
+    """The numerator's guard term ``ε/n·Σ_j v_j`` (the guarded normaliser of the module docstring), in place
+    in ``real_v`` (``Σ_j v_j`` over the real keys, ``[H*B, 1, d]``, rows head-major), ``n`` each sequence's
+    number of real keys (at least 1): from the ``[B, N]`` mask when ``padded``, else ``N``."""
+    if padded:
+        n_real = mask.sum(dim=1).repeat(heads).reshape(-1, 1, 1)  # row h·B + b has sequence b's count
+        return real_v.mul_(eps / n_real.clamp_min(1.0))
+    return real_v.mul_(eps / max(1, mask.shape[1]))
+
+
 def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
-    """``(state, key_sum, real_v, n_real)``, rows head-major (``h·B + b``): ``Σ_j φ(k_j) v_jᵀ``
-    ``[H*B, D, d]`` (a :func:`scratch` buffer), ``Σ_j φ(k_j)`` ``[H*B, 1, D]``, ``Σ_j v_j``
-    ``[H*B, 1, d]`` and the number of real keys ``[H*B, 1, 1]``, accumulated chunk by chunk
-    (no full-length temporary); padded keys contribute nothing.
+    """``(state, key_sum, real_v)``, rows head-major (``h·B + b``): ``Σ_j φ(k_j) v_jᵀ``
+    ``[H*B, D, d]`` (a :func:`scratch` buffer), ``Σ_j φ(k_j)`` ``[H*B, 1, D]`` and ``Σ_j v_j``
+    ``[H*B, 1, d]``, accumulated chunk by chunk (no full-length temporary); padded keys contribute
+    nothing.
 
     Log-scaled maps: the max over real keys (the shift of :func:`feature_maps`) is kept as a
     running max; when a chunk raises it, the sums so far are multiplied by
@@ -384,8 +394,7 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
     """
     batch, heads, seq_k, _ = k.shape
     rows, dim_v = batch * heads, v.shape[-1]
-    state = key_sum = top = None  # top: the running max of the keys' log-scales [B, H, 1, 1]
-    real_v = torch.zeros(rows, 1, dim_v, device=v.device)
+    state = key_sum = real_v = top = None  # top: the running max of the keys' log-scales [B, H, 1, 1]
     for start in range(0, seq_k, chunk):
         stop = min(start + chunk, seq_k)
         phi, log = features_of_chunk(feature_map, k, mask, start, stop, root)
@@ -408,24 +417,25 @@ def _chunked_key_state(k, v, feature_map, mask, padded, root, chunk):
             values = values.view(rows, stop - start, dim_v)
         if state is None:
             state = scratch("linearize.state", (rows, phi.shape[-1], dim_v), v.device)
-            key_sum = phi.sum(dim=1, keepdim=True)
+            key_sum, real_v = phi.sum(dim=1, keepdim=True), values.sum(dim=1, keepdim=True)
             torch.bmm(phi.transpose(1, 2), values, out=state)
         else:
             state.baddbmm_(phi.transpose(1, 2), values)
             key_sum += torch.sum(phi, dim=1, keepdim=True, out=scratch("linearize.sum", key_sum.shape, v.device))
-        real_v += torch.sum(values, dim=1, keepdim=True, out=scratch("linearize.sum", real_v.shape, v.device))
-    n_real = mask.sum(dim=1).repeat(heads)  # row h·B + b has sequence b's count
-    return state, key_sum, real_v, n_real.reshape(rows, 1, 1)
+            real_v += torch.sum(values, dim=1, keepdim=True, out=scratch("linearize.sum", real_v.shape, v.device))
+    return state, key_sum, real_v.view(rows, 1, dim_v)
 
 
 def _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out):
     """``(φ(q)·state + ε/n·Σv) / (φ(q)·Σφ(k) + ε)`` (the guarded normaliser of the module
     docstring) for the query rows ``phi [H*B, c, D]``, written into ``out``, a ``[H, B, c, d]``
-    view of the output (the normaliser a matrix-vector ``bmm``, as in :func:`_normalised_output`)."""
+    view of the output. The normaliser is a vector-matrix ``bmm``, ``Σφ(k)ᵀ·φ(q)ᵀ`` ``[R, 1, c]``: without autograd
+    twice as fast as the matrix-vector form :func:`_normalised_output` keeps for training (whose backward is
+    faster; 2-core CPU, R, c, D = 96, 512, 64: 0.34 against 0.74 ms forward, 5.9 against 4.9 ms with backward)."""
     heads, batch, size, dim_v = out.shape
     num = torch.baddbmm(bias, phi, state, out=scratch("linearize.v", (heads * batch, size, dim_v), phi.device))
-    den = scratch("linearize.den", (heads * batch, size, 1), phi.device)
-    den = guard_denominator(torch.bmm(phi, key_sum.transpose(1, 2), out=den).add_(eps), eps, feature_map)
+    den = scratch("linearize.den", (heads * batch, 1, size), phi.device)  # a row per sequence: [R, 1, c] is [R, c, 1]
+    den = guard_denominator(torch.bmm(key_sum, phi.transpose(1, 2), out=den).add_(eps), eps, feature_map)
     num, den = num.view(heads, batch, size, dim_v), den.view(heads, batch, size, 1)
     if out.dtype == torch.float32:
         torch.div(num, den, out=out)

@@ -39,7 +39,7 @@ import math
 import torch
 
 from .core import (cast_finite, chunk_tokens, features_in_buffer, features_of_chunk, guard_denominator,
-                   log_scaled_chunk, real_key_mask, scratch)
+                   log_scaled_chunk, real_key_mask, scratch, value_guard)
 
 
 #: the per-block key sums (``N/R`` blocks of ``D × (d + 1)`` per row) live in a reused ``core.scratch`` buffer up to
@@ -103,11 +103,7 @@ class _KeyPass:
         else:
             real_v = self._by_chunks(feature_map, mask, chunk)
         self.state = self.blocks[:, 1:count + 1].sum(dim=1)
-        if padded:
-            n_real = mask.sum(dim=1).repeat(heads).reshape(self.rows, 1, 1)
-            self.bias = real_v.mul_(eps / n_real.clamp_min(1.0))
-        else:
-            self.bias = real_v.mul_(eps / max(1, seq))
+        self.bias = value_guard(real_v, mask, padded, heads, eps)
         if sinks and not self.whole:
             self._gather_sink_keys()
 

@@ -17,6 +17,13 @@ from torch import nn
 from .base import FeatureMap, MethodOptions, at_least, per_head_matmul, register_feature_map
 
 
+#: ATen's softmax into a given tensor, used in place: one pass over the features that keeps each row in cache,
+#: where the in-place ``amax``, ``sub_``, ``exp_``, ``sum``, ``mul_`` make five over memory (a feature call at
+#: MiniLM's geometry, 900 tokens, 2-core CPU: ~10% faster alone, more inside the model, where the features do not
+#: stay in cache between passes). None on a PyTorch without it: then those five.
+SOFTMAX_INTO = getattr(getattr(torch.ops.aten, "_softmax", None), "out", None)
+
+
 @dataclass
 class HedgehogOptions(MethodOptions):
     feature_dim: int | None = field(default=None, metadata={
@@ -55,9 +62,12 @@ class HedgehogFeatureMap(FeatureMap):
         if out is None:
             z = torch.matmul(x, both)  # [B,H,N,2d']
             return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None
-        # inference into the caller's buffer: the softmax in place (no autograd here; over 2 x 32
-        # features also ~2x faster than torch.softmax, measured on a 2-core CPU)
+        # inference into the caller's buffer: the softmax in place (no autograd here)
         z = per_head_matmul(x, both, out).unflatten(-1, (2, -1))
+        stored = z if z.is_contiguous() else z.transpose(0, 1)  # the chunked path's buffers are head-major
+        if SOFTMAX_INTO is not None and stored.is_contiguous():
+            SOFTMAX_INTO(stored, -1, False, out=stored)
+            return out, None
         z.sub_(z.amax(dim=-1, keepdim=True)).exp_()
         return z.mul_(z.sum(dim=-1, keepdim=True).reciprocal_()).flatten(-2), None  # each sum is at least 1
 
