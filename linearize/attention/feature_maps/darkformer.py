@@ -42,6 +42,7 @@ class DarkformerFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     writes_out = True
+    folds_input_scale = True
     # hybrid attention's γ start: with R = 32 + first the KL before training falls over the whole grid 0.01-10
     # (2.254 at 0.1, 0.925 at 10: its keys' features are scaled down by the per-sequence max); 10, the grid's edge
     initial_gamma = 10.0
@@ -81,10 +82,14 @@ class DarkformerFeatureMap(FeatureMap):
             metric = evecs @ metric  # symmetric square root
         self.metric.copy_(metric.to(self.metric.dtype))
 
-    def forward(self, x, mask=None, out=None):
+    def forward(self, x, mask=None, out=None, input_scale=None):
         # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
-        # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d].
-        weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z)  # [H,d,m+r]
+        # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d]; with input_scale s, the features of s·x (s in the weight).
+        if input_scale is None:
+            weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z)  # [H,d,m+r]
+        else:
+            weight = self.reused(f"weight×{input_scale!r}", x.dtype, lambda: self._weight(x) * input_scale,
+                                 self.metric, self.z)
         if out is None:
             both = torch.matmul(x, weight)  # [B,H,N,m+r]
             squared = both[..., self.num_features:].pow(2).sum(dim=-1, keepdim=True)

@@ -124,6 +124,7 @@ class LunaFeatureMap(FeatureMap):
     name = "luna"
     nonnegative = True
     writes_out = True  # with the knot lookup (see forward)
+    folds_input_scale = True
     paper = "LUNA §3.2 eq. 11, Listing 1"
     options_class = LunaOptions
     in_default_comparison = True
@@ -159,20 +160,20 @@ class LunaFeatureMap(FeatureMap):
             self.envelope_weight = nn.Parameter(torch.zeros(channels, d))
             self.envelope_bias = nn.Parameter(torch.zeros(channels))
 
-    def project(self, x, out=None):
+    def project(self, x, out=None, input_scale=None):
         """u = Wx + b: ``[B,H,N,d] -> [B,H,N,M]``; ``W`` shared across the heads (Listing 1) or,
         with ``shared_projections=False``, one ``W_h ∈ R^{M×d}`` per head (same cost). ``out``
-        (inference): a buffer stored head-major (``per_head_matmul``) to write u into."""
+        (inference): a buffer stored head-major (``per_head_matmul``) to write u into. ``input_scale`` s:
+        the projection of s·x, s folded into the weight."""
         weight, bias = self.cast(self.proj_weight, x), self.cast(self.proj_bias, x)
+        if input_scale is not None:
+            weight = weight * input_scale
         if not self.shared_projections and x.shape[1] != weight.shape[0]:
             raise ValueError(f"luna: {x.shape[1]} heads given, the per-head projections were made for "
                              f"{weight.shape[0]}")
-        if out is not None and self.shared_projections:  # one addmm over every (head, token) row
-            rows = x.transpose(0, 1).reshape(-1, x.shape[-1])
-            torch.addmm(bias, rows, weight.t(), out=out.transpose(0, 1).view(-1, weight.shape[0]))
-            return out
-        if out is not None:
-            return per_head_matmul(x, weight.transpose(1, 2), out).add_(bias.unsqueeze(1))
+        if out is not None:  # one bmm over the heads, x read in place (one sequence's rows are a strided view)
+            per_head = weight.t().expand(x.shape[1], -1, -1) if self.shared_projections else weight.transpose(1, 2)
+            return per_head_matmul(x, per_head, out).add_(bias if self.shared_projections else bias.unsqueeze(1))
         if self.shared_projections:
             return F.linear(x, weight, bias)
         return torch.einsum("bhnd,hmd->bhnm", x, weight) + bias.unsqueeze(1)  # faster than a broadcast matmul
@@ -387,11 +388,13 @@ class LunaFeatureMap(FeatureMap):
         return {"offset": torch.tensor(offset, **scalar), "inverse_width": torch.tensor(inverse_width, **scalar),
                 "cells": cells, "rows": rows.to(**scalar).contiguous()}
 
-    def forward(self, x, mask=None, out=None):
+    def forward(self, x, mask=None, out=None, input_scale=None):
         plain = not self.use_envelope and not self.ch_rms
         if out is not None and plain and self.lookup_applies() and \
                 x.numel() // x.shape[-1] * self.projections >= self.lookup_min_values:
-            return self._features_into(x, out), None
+            return self._features_into(x, out, input_scale), None
+        if input_scale is not None:  # the features of input_scale · x (the envelope reads x too)
+            x = x * input_scale
         u = self.project(x)
         if plain and self.lookup_applies(u):
             # the 1/√M factor is folded into the lookup table: relu(a)/s = relu(a/s)
@@ -409,13 +412,13 @@ class LunaFeatureMap(FeatureMap):
             y = y * (self.ch_rms_target / (rms + 1e-6)).clamp(max=1.0)
         return (y / math.sqrt(self.projections)).flatten(-2), None
 
-    def _features_into(self, x, out):
+    def _features_into(self, x, out, input_scale=None):
         """Inference by the knot lookup: φ(x) written into ``out [B,H,N,M·L]`` (stored head-major,
         see ``per_head_matmul``), every temporary in a reused buffer (``core.scratch``): u, the knot
         indices, the gathered slopes. The values of :meth:`psi_lookup`, 1/√M folded in the table."""
         batch, heads, seq, _ = x.shape
         u = scratch("luna.u", (heads, batch, seq, self.projections), x.device, x.dtype).transpose(0, 1)
-        flat = self.project(x, out=u).transpose(0, 1).reshape(-1)  # a view: u is stored head-major
+        flat = self.project(x, out=u, input_scale=input_scale).transpose(0, 1).reshape(-1)  # a view: u is head-major
         table, structure = self._psi_table(flat.dtype, flat.device, 1.0 / math.sqrt(self.projections))
         index = self.knot_index_into(flat, structure)
         piecewise_linear_into(flat, table, index, out.transpose(0, 1).view(-1, self.channels))

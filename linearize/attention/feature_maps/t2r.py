@@ -31,6 +31,7 @@ class T2RFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     writes_out = True
+    folds_input_scale = True
     initial_gamma = 0.03  # hybrid attention's γ start: R = 32 + first before training, KL 0.923 against 1.166 at 0.1
     paper = "T2R (Kasai et al. 2021) §3.1"
     options_class = T2ROptions
@@ -48,8 +49,10 @@ class T2RFeatureMap(FeatureMap):
         self.weight = nn.Parameter(torch.empty(self.num_heads, width, self.head_dim).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(self.num_heads, width).uniform_(-bound, bound))
 
-    def forward(self, x, mask=None, out=None):
+    def forward(self, x, mask=None, out=None, input_scale=None):
         weight, bias = self.cast(self.weight, x).transpose(1, 2), self.cast(self.bias, x)[:, None, :]
+        if input_scale is not None:  # the features of input_scale · x: W(s·x) = (s·W)x
+            weight = weight * input_scale
         if out is None:
             return torch.relu(torch.matmul(x, weight).add_(bias)), None  # [B,H,N,D]
         return per_head_matmul(x, weight, out).add_(bias).relu_(), None  # inference, into the caller's buffer

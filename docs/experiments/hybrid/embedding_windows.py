@@ -1,0 +1,85 @@
+"""How far a window alone takes the embedding student on documents (issue 34, items 2 and 4): the real
+all-MiniLM-L6-v2 (the ``minilm-embeddings`` recipe's teacher, the checkpoint as it is) converted to hybrid
+attention with windows of R tokens and the first token exact, no training at all (stage 1 and stage 2 skipped, γ
+at its measured start), scored as the recipe scores its students: agreement with the teacher's normalised
+embeddings on the 300 held-out whole reviews cut at 512 tokens (``doc_cosine``, ``doc_top10_overlap``) and on the
+800 test sentences (``cosine``, ``top10_overlap``).
+
+The exact part of a hybrid layer is each query's block of R tokens and the two blocks beside it, so a document of
+at most 2R tokens is read exactly (the student is the teacher there); R = 0 with no sinks is pure linear attention.
+Each variant's scores go to ``--out/<variant>.json`` when done (a re-run skips it); the table (``windows.md``,
+``windows.json``) is written atomically after every variant.
+
+    PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from linearize.convert.api import convert
+from linearize.markdown import markdown_table
+from linearize.metrics import agreement
+from linearize.outputs import atomic_write_json, atomic_write_text
+from linearize.pipeline.inputs import TaskData
+from linearize.pipeline.single_stage import load_model_for_task
+from linearize.recipes import load_recipe
+
+WINDOWS = (0, 32, 64, 128, 256)
+METRICS = ("cosine", "top10_overlap", "doc_cosine", "doc_top10_overlap")
+
+
+def sentence_agreement(task, model):
+    """``{"cosine", "top10_overlap"}`` of ``model``'s test-sentence embeddings against the teacher's (the targets)."""
+    from linearize.data import text_dataloader
+    from linearize.evaluation import predict
+
+    test = task.tokenized()["test"]
+    loader = text_dataloader(test, task.processor, task.eval_config.batch_size)
+    return agreement(predict(model, loader, task=task.spec)[0], torch.tensor(test["label"]))
+
+
+def variant_scores(task, teacher, method, options, window, args):
+    label = f"{method} R={window}" + (" + first" if window else "")
+    done = args.out / f"{label.replace(' ', '').replace('=', '').replace('+', '-')}.json"
+    if done.is_file():
+        return label, json.loads(done.read_text())
+    student = teacher if method == "teacher" else convert(copy.deepcopy(teacher), method, window=window,
+                                                        sinks="first" if window else "none", **options).eval()
+    with torch.inference_mode():
+        scores = {**sentence_agreement(task, student), **task.document_agreement(student)}
+    atomic_write_json(done, scores)
+    return label, scores
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--methods", default="luna,hedgehog")
+    parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = load_recipe("minilm-embeddings")
+    task = TaskData.load(config)
+    teacher = load_model_for_task(config.model, task.spec)[0].eval()
+    task.set_targets(teacher)
+    rows = []
+    for method in args.methods.split(","):
+        options = config.options if method == config.method else {}
+        for window in (int(w) for w in args.windows.split(",")):
+            label, scores = variant_scores(task, teacher, method, options, window, args)
+            rows.append([label] + [f"{scores[m]:.3f}" for m in METRICS])
+            atomic_write_json(args.out / "windows.json", {"rows": rows, "metrics": METRICS})
+            atomic_write_text(args.out / "windows.md", markdown_table(["student (untrained)", *METRICS], rows) + "\n")
+            print(rows[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()
