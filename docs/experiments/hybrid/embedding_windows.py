@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from linearize.attention.feature_maps import options_for
 from linearize.convert.api import convert
 from linearize.markdown import markdown_table
 from linearize.metrics import agreement
@@ -72,7 +73,7 @@ def main(argv=None):
     task.set_targets(teacher)
     rows = []
     for method in args.methods.split(","):
-        options = config.options if method == config.method else {}
+        options = options_for(method, config.options)  # the recipe's LUNA (M = 16, per head); others their defaults
         for window in (int(w) for w in args.windows.split(",")):
             label, scores = variant_scores(task, teacher, method, options, window, args)
             rows.append([label] + [f"{scores[m]:.3f}" for m in METRICS])
