@@ -324,10 +324,16 @@ class FeatureMap(nn.Module):
         received on a batch), as plain lists, or None: a map without a figure of its own."""
         return None
 
-    def reused(self, name, dtype, build, *params):
+    def reused(self, name, dtype, build, *params, input_scale=None):
         """``build()``: a small tensor made from the parameters ``params`` in ``dtype`` (a stacked or
         scaled weight), kept while they stay unchanged, so inference makes it once, not once per
-        chunk and call; rebuilt whenever autograd may want its graph, and in a traced graph."""
+        chunk and call; rebuilt whenever autograd may want its graph, and in a traced graph. With
+        ``input_scale`` s (a map that :attr:`folds_input_scale`): ``s · build()``, kept apart for each s."""
+        if input_scale is not None:
+            name, unscaled = f"{name}×{input_scale!r}", build
+
+            def build():
+                return unscaled() * input_scale
         if is_tracing() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return build()
         # in the instance's dict (not a buffer: never saved), clear of its methods

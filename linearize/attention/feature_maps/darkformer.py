@@ -85,11 +85,8 @@ class DarkformerFeatureMap(FeatureMap):
     def forward(self, x, mask=None, out=None, input_scale=None):
         # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
         # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d]; with input_scale s, the features of s·x (s in the weight).
-        if input_scale is None:
-            weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z)  # [H,d,m+r]
-        else:
-            weight = self.reused(f"weight×{input_scale!r}", x.dtype, lambda: self._weight(x) * input_scale,
-                                 self.metric, self.z)
+        weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z,
+                             input_scale=input_scale)  # [H,d,m+r]
         if out is None:
             both = torch.matmul(x, weight)  # [B,H,N,m+r]
             squared = both[..., self.num_features:].pow(2).sum(dim=-1, keepdim=True)

@@ -54,11 +54,9 @@ class HedgehogFeatureMap(FeatureMap):
         self.weight = nn.Parameter(torch.eye(width, self.head_dim).repeat(self.num_heads, 1, 1))  # [H,d',d]
 
     def forward(self, x, mask=None, out=None, input_scale=None):
-        # one product with [W; -W] gives [Wx, -Wx]; one softmax over the two halves
-        if input_scale is None:
-            both = self.reused("both", x.dtype, lambda: self._both(x), self.weight)  # [H,d,2d']
-        else:  # the features of input_scale · x: the factor in the stacked weight
-            both = self.reused(f"both×{input_scale!r}", x.dtype, lambda: self._both(x) * input_scale, self.weight)
+        # one product with [W; -W] gives [Wx, -Wx]; one softmax over the two halves; with input_scale, the features
+        # of input_scale · x: the factor in the stacked weight
+        both = self.reused("both", x.dtype, lambda: self._both(x), self.weight, input_scale=input_scale)  # [H,d,2d']
         if out is None:
             z = torch.matmul(x, both)  # [B,H,N,2d']
             return torch.softmax(z.unflatten(-1, (2, -1)), dim=-1).flatten(-2), None
