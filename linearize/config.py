@@ -437,8 +437,9 @@ class RunConfig(Config):
         the typed settings that stage trains with."""
         return dataclasses.replace(getattr(self, name), seed=self.seed, report_to=report_to)
 
-    def validate(self):
+    def validate(self, check_model=True):
         """Check the whole run before any stage runs: every section's types and ranges, the head,
+        the model name (``check_model``; off where only the method's settings are read),
         the method and every method's options (typed by its options dataclass, nothing coerced).
         ``OptionError`` (one line) naming the key, else ``self``. The task's columns and labels
         are checked when its data loads, also first."""
@@ -451,7 +452,7 @@ class RunConfig(Config):
         self.check()
         if self.head not in HEADS:
             raise OptionError(f"unknown head {self.head!r}; valid heads: {', '.join(HEADS)}")
-        if isinstance(self.model, str):  # a path that is not there: said so, not as a Hub id's failure
+        if check_model and isinstance(self.model, str):  # a path that is not there: said so, not as a Hub id's failure
             from .convert.loading import check_model_name
 
             check_model_name(self.model)

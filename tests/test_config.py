@@ -181,3 +181,22 @@ def test_stage_options_of_the_cli_come_from_the_config_fields(command, config_cl
             continue
         assert f"--{item.name.replace('_', '-')} " in text, item.name
         assert item.metadata["help"].split(" (")[0][:40] in text, item.name
+
+
+def test_a_recipes_method_settings_read_without_its_model(monkeypatch):
+    """``linearize bench long`` reads the default recipe's LUNA options for any geometry: a machine
+    without the MiniLM package (a GPU machine measuring MiniLM's shape) still gets them, while a
+    run's recipe still checks its model first."""
+    from linearize.bench.long import recipe_luna
+    from linearize.convert import loading
+    from linearize.recipes import DEFAULT_RECIPE, load_recipe
+
+    expected = recipe_luna()
+
+    def missing():
+        raise LinearizeError("all-MiniLM-L6-v2 is not installed")
+
+    monkeypatch.setattr(loading, "minilm_path", missing)
+    assert recipe_luna() == expected and expected[0] == "luna"
+    with pytest.raises(LinearizeError, match="not installed"):
+        load_recipe(DEFAULT_RECIPE)

@@ -516,6 +516,18 @@ def test_default_chunk_is_a_power_of_two_within_both_caps(rows, feature_dim):
     assert chunk_tokens(rows, feature_dim, 100) == 100  # a given size is kept
 
 
+@pytest.mark.parametrize("rows, feature_dim", [(12, 64), (96, 128), (1, 8)])
+def test_a_gpu_chunk_is_the_largest_power_of_two_within_the_gpu_cap(rows, feature_dim):
+    """On a GPU a chunk's operations are launches of fixed cost: only the feature-count cap applies
+    (``GPU_CHUNK_ELEMENTS``, no row cap), and the CPU's sizes stay as they were."""
+    from linearize.attention.core import GPU_CHUNK_ELEMENTS, chunk_tokens
+
+    tokens = chunk_tokens(rows, feature_dim, None, "cuda")
+    assert tokens & (tokens - 1) == 0
+    assert rows * tokens * feature_dim <= GPU_CHUNK_ELEMENTS < rows * 2 * tokens * feature_dim
+    assert chunk_tokens(rows, feature_dim, None, "cpu") == chunk_tokens(rows, feature_dim, None) < tokens
+
+
 def test_scratch_buffers_are_kept_per_thread_and_grow():
     import threading
 

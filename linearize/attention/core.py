@@ -199,7 +199,7 @@ def linear_attention(q, k, v, feature_map, key_padding_mask=None, scale=None, ep
         batch, heads = k.shape[:2]
         small = chunk_size is None and batch * max(q.shape[2], k.shape[2]) <= ONE_SHOT_MAX_TOKENS
         if k.shape[2] > 0 and not small:  # this path's only new full-size tensor is the output
-            chunk = chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size)
+            chunk = chunk_tokens(batch * heads, getattr(feature_map, "feature_dim", k.shape[-1]), chunk_size, k.device)
             return _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk)
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     batch, heads, seq_q, dim_f = phi_q.shape
@@ -254,6 +254,10 @@ ONE_SHOT_MAX_TOKENS = 64
 #: 1,024-8,192 tokens and batch 8 at 128-512; the earlier 2**19 chunks were 5-20% slower at every one of them
 CHUNK_ELEMENTS = 2**21
 CHUNK_ROWS = 2**15
+#: the same on a GPU (64 MiB fp32): there a chunk's ~40 operations are kernel launches of ~10 µs each whatever
+#: their size, and the CPU's chunks (2,048 tokens at MiniLM's 12 heads) made an H100's Hedgehog layer at 32,768
+#: tokens 14 ms against SDPA's 6.7 (docs/experiments/bench/RESULTS.md#gpu)
+GPU_CHUNK_ELEMENTS = 2**24
 
 
 _SCRATCH = threading.local()
@@ -294,13 +298,17 @@ def grad_needed(feature_map, *tensors):
     return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in feature_map.parameters())
 
 
-def chunk_tokens(rows, feature_dim, chunk_size):
+def chunk_tokens(rows, feature_dim, chunk_size, device=None):
     """Tokens per chunk: ``chunk_size``, or the largest power of two (at least 64) whose chunk of ``rows``
-    (batch·heads) sequences holds at most ``CHUNK_ELEMENTS`` features and ``CHUNK_ROWS`` token rows."""
+    (batch·heads) sequences holds at most ``CHUNK_ELEMENTS`` features and ``CHUNK_ROWS`` token rows (on a
+    GPU ``device``: ``GPU_CHUNK_ELEMENTS`` features, no row cap)."""
     if chunk_size is not None:
         return max(1, int(chunk_size))
     rows = max(1, rows)
-    tokens = min(CHUNK_ELEMENTS // (rows * max(1, int(feature_dim))), CHUNK_ROWS // rows)
+    if device is not None and torch.device(device).type != "cpu":
+        tokens = GPU_CHUNK_ELEMENTS // (rows * max(1, int(feature_dim)))
+    else:
+        tokens = min(CHUNK_ELEMENTS // (rows * max(1, int(feature_dim))), CHUNK_ROWS // rows)
     return max(64, 1 << max(tokens, 1).bit_length() - 1)  # a power of two, at least 64
 
 

@@ -52,12 +52,19 @@ def chunked_hybrid_attention(q, k, v, feature_map, radius, sinks, gamma, key_pad
     """``hybrid.hybrid_attention`` without autograd for a chunkable map (module docstring); ``radius`` > 0
     (the block size ``R``), ``sinks`` None or the sink tokens' ``(positions [B, S], valid [B, S])``
     (``hybrid.sink_positions``), ``gamma [H]``. Returns a tensor shaped and typed like
-    ``v`` (a view of an output stored ``[B, N, H, d]``, as ``core``'s chunked path returns)."""
+    ``v`` (a view of an output stored ``[B, N, H, d]``, as ``core``'s chunked path returns). Its sums are
+    float32 under autocast too (autocast would run the sink products in the lower precision, beside
+    float32 buffers)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked(q, k, v, feature_map, radius, sinks, gamma, key_padding_mask, scale, eps, chunk)
+
+
+def _chunked(q, k, v, feature_map, radius, sinks, gamma, key_padding_mask, scale, eps, chunk):
     batch, heads, seq, _ = q.shape
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     block = int(radius)
     if chunk is None:  # core's chunk (measured best here too: docs/experiments/user-state, "Chunk size")
-        chunk = chunk_tokens(batch * heads, feature_map.feature_dim, None)
+        chunk = chunk_tokens(batch * heads, feature_map.feature_dim, None, q.device)
     chunk = max(1, int(chunk) // block) * block
     mask = real_key_mask(key_padding_mask, batch, seq, k.device)
     gamma = gamma.float().repeat_interleave(batch).reshape(-1, 1, 1)  # rows h·B + b

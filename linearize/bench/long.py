@@ -53,7 +53,7 @@ def recipe_luna():
     from ..attention.feature_maps import options_for
     from ..recipes import DEFAULT_RECIPE, load_recipe
 
-    recipe = load_recipe(DEFAULT_RECIPE)
+    recipe = load_recipe(DEFAULT_RECIPE, check_model=False)  # its settings, not its model: any geometry takes them
     return recipe.method, options_for(recipe.method, recipe.options)
 
 

@@ -66,9 +66,10 @@ def _scalar(text):
     return yaml_number(yaml.safe_load(text))
 
 
-def load_recipe(name_or_path=None, *, overrides=None, quick=False):
+def load_recipe(name_or_path=None, *, overrides=None, quick=False, check_model=True):
     """The checked :class:`~linearize.config.RunConfig` of a recipe (defaults ← YAML ← quick ←
-    overrides): checked once, here, before anything runs (``RunConfig.validate``)."""
+    overrides): checked once, here, before anything runs (``RunConfig.validate``; ``check_model=False``:
+    all but the model name, for a reader of the recipe's method settings alone)."""
     from ..config import RunConfig
 
     name_or_path = name_or_path or DEFAULT_RECIPE
@@ -94,4 +95,4 @@ def load_recipe(name_or_path=None, *, overrides=None, quick=False):
     for key in ("model", "task"):
         if not recipe[key]:
             raise LinearizeError(f"recipe {recipe['name']!r} sets no {key!r}")
-    return RunConfig.from_recipe({**recipe, "quick_mode": bool(quick)}).validate()
+    return RunConfig.from_recipe({**recipe, "quick_mode": bool(quick)}).validate(check_model)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU battery of docs/experiments/bench/RESULTS.md#gpu in one call of a lent GPU machine: the
+# CUDA tests, bf16 stage-1/stage-2 steps on real geometries, `linearize bench attention` (bf16,
+# fp32) and `linearize bench long` (bf16) against SDPA. Every step has its own time limit; the
+# results are packed into $OUT/results.tgz after each step (a stopped run still returns the rest).
+# Uses the machine's own Python (torch there) with the wheels in .whl (typer, transformers as here).
+# Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32.
+# The MiniLM checkpoint (80 MB) does not travel: bench long measures its geometry with random weights.
+set -u
+WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32} "
+RES=/tmp/results; mkdir -p "$RES"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+pack() { tar czf "$OUT/results.tgz" -C "$RES" . ; }
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  [[ "$WANT" == *" $name "* ]] || return 0
+  echo "=== $name ($(date +%T))"
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$RES/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - start)) s"; tail -n 15 "$RES/$name.log"; pack
+}
+L="python3 -m linearize.cli"
+{ nvidia-smi; python3 -c "import torch, transformers, typer; print(torch.__version__, torch.version.cuda, transformers.__version__, typer.__version__, torch.cuda.get_device_name())"; } > "$RES/machine.txt" 2>&1
+cat "$RES/machine.txt" | tail -n 3
+step pytest 90 python3 -m pytest -p no:cacheprovider -n 8 -rs tests/test_devices.py tests/test_bench.py
+step steps 120 python3 docs/experiments/bench/gpu_steps.py --device cuda --out "$RES/steps"
+step bench-bf16 90 $L bench attention --device cuda --dtype bf16 --seq-lens 512,2048,4096,8192,16384,32768 --model none --out "$RES/bench-cuda-bf16"
+python3 -c "import transformers as T; T.BertModel(T.BertConfig(hidden_size=384, num_hidden_layers=6, intermediate_size=1536)).save_pretrained('/tmp/minilm-geometry')"
+step bench-long 150 $L bench long --device cuda --dtype bf16 --geometries /tmp/minilm-geometry,modernbert-base --out "$RES/bench-long-cuda"
+step bench-fp32 60 $L bench attention --device cuda --dtype fp32 --seq-lens 512,2048,4096,8192,16384,32768 --model none --out "$RES/bench-cuda-fp32"
+echo done
