@@ -48,3 +48,30 @@ def test_a_failing_child_is_one_line(tmp_path):
     assert "\n" not in str(error.value)
     with pytest.raises(LinearizeError, match="processes must be >= 1"):
         user_state_rows({"x": tmp_path}, "x", [8], processes=0)
+
+
+def test_bench_folder_times_the_saved_folder_in_a_users_processes(tmp_path):
+    """``linearize bench folder DIR --processes N``: DIR as saved and its softmax original (saved as plain
+    transformers) in fresh processes; the record and ``linearize info`` say which state it was."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from linearize.bench import FOLDER_BENCH_JSON
+    from linearize.cli import app
+
+    folder = tmp_path / "hedgehog"
+    linearize.save(linearize.convert(build("bert", head="AutoModel"), "hedgehog"), folder)
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "folder", str(folder), "--seq-lens", "8,16", "--processes", "2",
+                                 "--repeats", "1", "--warmup", "0", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((folder / FOLDER_BENCH_JSON).read_text())
+    assert record["config"]["processes"] == 2 and "fresh processes" in record["config"]["state"]
+    assert record["config"]["memory"] is False
+    row = record["rows"][0]
+    assert row["processes"] == 2 and len(row["results"]["hedgehog"]["speedup"]["per_process"]) == 2
+    info = " ".join(runner.invoke(app, ["info", str(folder)]).output.split())
+    assert "medians of 2 fresh" in info and "(a user's state)" in info
+    result = runner.invoke(app, ["bench", "folder", str(folder), "--processes", "2", "--clock", "cpu"])
+    assert result.exit_code == 1 and "fp32 on the CPU, wall clock" in result.output

@@ -56,15 +56,21 @@ def _measured_lengths(seq_lens, limit, repeats, warmup):
 
 
 def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, threads=None, repeats=5, warmup=2,
-                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):
+                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32", clock="wall",
+                 processes=0):
     """A converted model folder against its softmax original (same weights, ``linearize.revert``);
     the result is written atomically to ``directory/bench.json`` and returned.
 
     Lengths past the model's positions are skipped with the reason (``skipped_lengths``). The
     record holds the rows (as :func:`linearize.bench.measure_lengths`), the ``crossover``
-    (:func:`linearize.bench.crossover_point`), the ``machine`` it was measured on and when.
+    (:func:`linearize.bench.crossover_point`), the ``machine`` it was measured on and when, and
+    the ``state`` the models were timed in. ``processes`` > 0: the folder itself and its softmax
+    original (saved to a temporary folder as plain transformers) are timed in that many fresh
+    processes of plain transformers, the state a user is in (:mod:`linearize.bench.user_state`);
+    0: in this process, with the models in memory.
     """
     from ..convert import load, revert, summary
+    from .long import check_user_state_placement, user_state_note
 
     directory = Path(directory)
     about = summary(directory)  # a one-line error for a folder that is not a converted model
@@ -80,23 +86,47 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
     placement = Placement.parse(device, dtype, clock)
+    check_user_state_placement(processes, placement)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
+    measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed, log=log)
     with measuring(threads) as machine:
-        rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured,
-                               batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
-                               softmax_max_bytes=softmax_max_bytes, seed=seed, log=log, placement=placement)
+        if processes:
+            rows = _user_state_rows(directory, softmax, softmax_label, method, measured, processes, threads,
+                                    softmax_max_bytes, **measure)
+        else:
+            rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured, memory=memory,
+                                   softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
     record = {"kind": FOLDER_BENCH_KIND, "version": 1, "method": method, "options": about["options"],
               "reference": softmax_label, "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds"), "machine": machine,
               "config": {"seq_lens": wanted, "batch_size": batch_size, **placement.record(), "repeats": repeats,
-                         "warmup": warmup, "memory": memory, "seed": seed, "crossover_rule": CROSSOVER_RULE},
+                         "warmup": warmup, "memory": memory and not processes, "seed": seed,
+                         "crossover_rule": CROSSOVER_RULE, "processes": processes,
+                         "state": user_state_note(processes)},
               "rows": rows, "skipped_lengths": skipped,
               "crossover": crossovers(rows, [method], softmax_label).get(method)}
     atomic_write_json(directory / FOLDER_BENCH_JSON, record)
     if log:
         log(f"{method}: {crossover_text(record['crossover'])}; written to {directory / FOLDER_BENCH_JSON}")
     return record
+
+
+def _user_state_rows(directory, softmax, softmax_label, method, seq_lens, processes, threads, softmax_max_bytes, *,
+                     batch_size, repeats, warmup, seed, log):
+    """:func:`bench_folder`'s rows in a user's processes: ``directory`` as saved, beside its softmax original
+    saved as plain transformers to a temporary folder; softmax skips the lengths past its memory cap."""
+    import tempfile
+
+    from .models import softmax_skip_reason
+    from .user_state import user_state_rows
+
+    skip = {softmax_label: [n for n in seq_lens if softmax_skip_reason(softmax, batch_size, n, softmax_max_bytes)]}
+    with tempfile.TemporaryDirectory(prefix="linearize-bench-") as root:
+        softmax.save_pretrained(root)
+        return user_state_rows({softmax_label: root, method: directory}, softmax_label, seq_lens,
+                               processes=processes, threads=threads or 2, repeats=repeats, warmup=warmup,
+                               batch_size=batch_size, seed=seed, skip=skip, log=log)
 
 
 def read_folder_bench(directory):
@@ -126,7 +156,10 @@ def folder_speed_lines(record):
     if skipped:
         ratios += f"; not measured at N = {', '.join(f'{n:,}' for n in skipped)} (past the model's positions)"
     date = str(record.get("measured_at", ""))[:10]
+    processes = record["config"].get("processes") or 0  # records before --processes: timed in linearize's process
+    state = (f"medians of {processes} fresh processes of plain transformers (a user's state)" if processes else
+             "in the linearize process (`linearize bench folder DIR --processes 5`: in a user's)")
     return {"crossover": crossover_text(record.get("crossover"), unit=reference),
             "time ÷ softmax": ratios or "—",
             "measured on": f"{machine_text(record.get('machine') or {})}, batch {record['config']['batch_size']}, "
-                           f"{date}"}
+                           f"{state}, {date}"}

@@ -255,9 +255,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                              f"{warmup}")
     specs = method_specs(default_long_methods() if methods is None else methods)
     placement = Placement.parse(device, dtype, clock)
-    if processes and (placement.is_cuda or placement.dtype != "fp32" or placement.clock != "wall"):
-        raise LinearizeError("--processes times saved folders as a user loads them: fp32 on the CPU, wall clock; "
-                             "pass --processes 0 for another device, dtype or clock")
+    check_user_state_placement(processes, placement)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
@@ -283,6 +281,13 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                 log(f"{entry['geometry']}: crossover {label}: {crossover_text(cross)}")
         log(f"wrote {result['files']['json']}, {result['files']['markdown']}")
     return result
+
+
+def check_user_state_placement(processes, placement):
+    """``--processes`` times saved folders as a user loads them: fp32 on the CPU, wall clock; one line otherwise."""
+    if processes and (placement.is_cuda or placement.dtype != "fp32" or placement.clock != "wall"):
+        raise LinearizeError("--processes times saved folders as a user loads them: fp32 on the CPU, wall clock; "
+                             "pass --processes 0 for another device, dtype or clock")
 
 
 def user_state_note(processes):

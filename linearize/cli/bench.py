@@ -155,7 +155,7 @@ def long_command(
 
 @bench_app.command("folder")
 @friendly_errors
-@config_options(MeasureConfig, exclude=("processes",), into="measure")
+@config_options(MeasureConfig, into="measure")
 def folder_command(
     directory: Annotated[Path, typer.Argument(help="A converted model folder (linearize convert's output).")],
     seq_lens: Annotated[Optional[str], typer.Option(
@@ -173,7 +173,7 @@ def folder_command(
     from ..outputs import check_writable_inside
 
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
-    settings = _settings(measure, "processes")
+    settings = _settings(measure)
     read_conversion_record(directory)  # not a converted folder: one line before torch loads
     check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one bench.json cannot be written into
     softmax_max_bytes = _gib_bytes(softmax_max_gib)
