@@ -374,3 +374,16 @@ def test_the_luna_figure_of_a_hybrid_whose_window_covers_the_batch_is_left_out()
     long = inputs("bert", batch=2, seq=40)
     figures = luna_channels(student, DataLoader([long], batch_size=None))
     assert [entry["layer"] for entry in figures] == [0, 1] and all(entry["psi"] for entry in figures)
+
+
+def test_a_runs_timings_say_they_come_from_the_linearize_process():
+    """The report and the model card name where a run's latency was timed, and the command that times
+    the folder as a user's process loads it (issue 35)."""
+    from linearize.report.card import build_card
+    from linearize.report.markdown import IN_PROCESS_NOTE, render_markdown
+
+    report = load_report(OLD_RUN)
+    assert report.latency.teacher_ms is not None
+    assert IN_PROCESS_NOTE in render_markdown(report) and "--processes 5" in IN_PROCESS_NOTE
+    card = " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, report)).split())
+    assert "from the `linearize` run's own process" in card and "--processes 5" in card

@@ -329,6 +329,9 @@ def _recovery_section(report, figures):
     if own is not None and own.teacher_ms is not None and own.student_ms is not None:
         facts.append(f"- Time per example at the task's own lengths ({own.examples:,} examples, {own.mean_tokens:,.0f} "
                      f"tokens on average, batch 1): teacher {own.teacher_ms:.1f} ms, student {own.student_ms:.1f} ms.")
+    if latency.teacher_ms is not None or longer:
+        facts.append("- These timings come from the `linearize` run's own process; `linearize bench folder DIR "
+                     "--processes 5` times the folder as a user's process loads it.")
     busy = busy_warning(latency.busy_cores())  # recorded only beside a timing
     if busy:
         facts.append(f"- Warning on these timings: {busy}.")

@@ -397,6 +397,12 @@ def _timing_section(report):
     return ["## Time", "", markdown_table(["stage", "wall time", "share"], table_rows)]
 
 
+#: where a run's timings come from, and how to get the figure a user's own process sees
+IN_PROCESS_NOTE = ("Timed in the `linearize` process: the models warm in memory, with the malloc settings the "
+                   "command applies; a user's own process (plain transformers, glibc's default allocator) gets less. "
+                   "`linearize bench folder DIR --processes 5` times the saved folder as a user loads it.")
+
+
 def _latency_section(report):
     latency = report.latency
     if latency.teacher_ms is None and latency.student_ms is None:
@@ -432,7 +438,7 @@ def _latency_section(report):
     if busy:  # on a busy machine the linear paths' many small operations lose the most
         lines += ["", f"**Warning: {busy}** (`linearize bench` on the saved folder measures it again)."]
     return lines + ["", "Linear attention's advantage grows with sequence length; at short lengths the feature map's "
-                        "overhead can outweigh it."]
+                        "overhead can outweigh it.", "", IN_PROCESS_NOTE]
 
 
 def _figures_section(report):
