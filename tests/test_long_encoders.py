@@ -145,6 +145,13 @@ def test_modernbert_converts_its_global_layers_by_default_and_sliding_ones_only_
     assert not is_converted(model)
 
 
+@pytest.mark.parametrize("seq_q, seq_k, radius", [(1, 1, 0), (9, 9, 2), (5, 9, 2), (9, 5, 3), (33, 33, 64)])
+def test_the_band_mask_is_the_window_by_its_definition(seq_q, seq_k, radius):
+    rows, cols = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
+    band = band_mask(seq_q, seq_k, radius)
+    assert band.dtype == torch.bool and torch.equal(band, (rows - cols).abs() <= radius)
+
+
 def test_sliding_window_layers_stay_local_softmax_or_linear():
     """Row i of a sliding-window layer's attention is zero beyond |i - j| > 2, softmax or converted; a
     global layer's is not; and a sliding layer whose window is removed gives another output."""
