@@ -4,10 +4,11 @@
 # fp32) and `linearize bench long` (bf16) against SDPA. Every step has its own time limit; the
 # results are packed into $OUT/results.tgz after each step (a stopped run still returns the rest).
 # Uses the machine's own Python (torch there) with the wheels in .whl (typer, transformers as here).
-# Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32.
+# Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32 kernels
+# bench-long-hybrid.
 # The MiniLM checkpoint (80 MB) does not travel: bench long measures its geometry with random weights.
 set -u
-WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32} "
+WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32 kernels bench-long-hybrid} "
 RES=/tmp/results; mkdir -p "$RES"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -32,4 +33,7 @@ step bench-bf16 90 $L bench attention --device cuda --dtype bf16 --seq-lens 512,
 python3 -c "import transformers as T; T.BertModel(T.BertConfig(hidden_size=384, num_hidden_layers=6, intermediate_size=1536)).save_pretrained('/tmp/minilm-geometry')"
 step bench-long 150 $L bench long --device cuda --dtype bf16 --geometries /tmp/minilm-geometry,modernbert-base --out "$RES/bench-long-cuda"
 step bench-fp32 60 $L bench attention --device cuda --dtype fp32 --seq-lens 512,2048,4096,8192,16384,32768 --model none --out "$RES/bench-cuda-fp32"
+step kernels 60 python3 docs/experiments/bench/gpu_kernels.py --out "$RES/kernels"
+step bench-long-hybrid 150 $L bench long --device cuda --dtype bf16 --geometries /tmp/minilm-geometry --out "$RES/bench-long-hybrid" \
+  --methods 'hedgehog,hedgehog(window=32,sinks=first),hedgehog(window=32,sinks=first,hybrid_layers=1+2)'
 echo done
