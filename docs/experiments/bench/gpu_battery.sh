@@ -3,7 +3,11 @@
 # CUDA tests, bf16 stage-1/stage-2 steps on real geometries, `linearize bench attention` (bf16,
 # fp32) and `linearize bench long` (bf16) against SDPA. Every step has its own time limit; the
 # results are packed into $OUT/results.tgz after each step (a stopped run still returns the rest).
-# Uses the machine's own Python (torch there) with the wheels in .whl (typer, transformers as here).
+# Uses the machine's own Python (torch there) with the wheels in .whl (typer, transformers as here),
+# made here, ignored by git, and named in the device run's carry:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl typer==0.29.2 transformers==5.24.0 #     pydantic pydantic-core annotated-types typing-inspection typing_extensions
+# then: device run `bash docs/experiments/bench/gpu_battery.sh`, carry [".whl"], timeout ~420 s.
 # Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32 kernels
 # bench-long-hybrid.
 # The MiniLM checkpoint (80 MB) does not travel: bench long measures its geometry with random weights.
