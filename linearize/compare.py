@@ -83,6 +83,22 @@ def shared_teacher(folder):
     return None
 
 
+def shared_stage1(folder, config, teacher_run):
+    """The first run under ``folder`` (one seed's folder) whose finished stage 1 ``config`` would make
+    again (the same :data:`~linearize.config.STAGE1_KEYS`) from the seed's shared teacher
+    (``teacher_run``'s), or None: a variant of stage 2 alone does not distil stage 1 again."""
+    from .config import STAGE1_KEYS, config_difference
+    from .pipeline import RunState
+
+    teacher = RunState(teacher_run, None).get("teacher") if teacher_run is not None else None
+    for candidate in sorted(Path(folder).glob("*/state.json")):
+        state = RunState(candidate.parent, None)
+        if (state.done("stage1") and state.get("teacher") == teacher
+                and config_difference(state.config, config, STAGE1_KEYS) is None):
+            return candidate.parent
+    return None
+
+
 @writes_output("out_dir")
 def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, settings=None,
             teachers_from=None, table_only=False, progress=True, log=print):
@@ -120,7 +136,9 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
             if teachers_from and teacher_runs[seed] is None:
                 log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
         log(f"== seed {seed}: {row} -> {folder}")
-        report = run(run_config, folder, progress=progress, log=log, teacher_from=teacher_runs[seed])
+        stage1_from = teacher_runs[seed] and shared_stage1(out_dir / f"seed{seed}", run_config, teacher_runs[seed])
+        report = run(run_config, folder, progress=progress, log=log, teacher_from=teacher_runs[seed],
+                     stage1_from=stage1_from if stage1_from != folder else None)
         teacher_runs[seed] = teacher_runs[seed] or folder
         results.setdefault(row, []).append(report)
     if not results:

@@ -536,6 +536,9 @@ def recipe_defaults():
 
 #: the settings a shared teacher must match (``linearize run --teacher-from``, ``compare``)
 TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "seed")
+#: the settings a run's stage-1 student depends on: two runs equal in these have the same stage 1
+#: (``linearize compare`` shares it between variants that differ only in stage 2)
+STAGE1_KEYS = TEACHER_KEYS + ("method", "options", "layers", "hybrid", "stage1", "eval")
 
 
 def config_difference(saved, current, names=None, path=""):

@@ -237,6 +237,30 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert more["rows"][1]["row"] == "relu"
 
 
+def test_a_variant_of_stage_2_alone_shares_stage_1(workspace):
+    """A lever on stage 2 (the KD weight): the variant takes the plain run's finished stage 1 (hard-linked,
+    as a resumed run reuses its own) instead of distilling it again; a variant of stage 1 does not."""
+    from linearize.compare import compare
+    from linearize.errors import LinearizeError
+    from linearize.pipeline import RunState
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1}})
+    settings = {"plain": {}, "kd": {"stage2": {"kd_weight": 0.5}}, "lr": {"stage1": {"lr": 0.02}}}
+    out = workspace / "stage1-shared"
+    compare(recipe, out, methods=["t2r"], seeds=[0], without_stage1=False, settings=settings, progress=False,
+            log=lambda *a, **k: None)
+    plain, kd, lr = (out / "seed0" / name for name in ("t2r--plain", "t2r--kd", "t2r--lr"))
+    assert (plain / "work" / "stage1").is_dir() and (lr / "work" / "stage1").is_dir()  # distilled ...
+    assert not (kd / "work" / "stage1").exists() and (kd / "stage1" / "config.json").is_file()  # ... and shared
+    assert RunState(kd, None).get("stage1") == RunState(plain, None).get("stage1") != RunState(lr, None).get("stage1")
+    reports = {run.name: json.loads((run / "report.json").read_text()) for run in (plain, kd)}
+    assert reports["t2r--kd"]["recipe"]["stage2"]["kd_weight"] == 0.5
+    assert reports["t2r--kd"]["attention"] == reports["t2r--plain"]["attention"]  # stage 1's KL, the same
+    with pytest.raises(LinearizeError, match="stage 1 was made with other settings"):
+        run(dataclasses.replace(recipe, method="elu"), workspace / "wrong-stage1", stage1_from=plain, progress=False,
+            log=lambda *a, **k: None)
+
+
 def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     """A lever study: one row per setting, the teachers taken from an earlier comparison."""
     from linearize.compare import compare, parse_variant

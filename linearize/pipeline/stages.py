@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config import TEACHER_KEYS, RunConfig, config_difference
+from ..config import STAGE1_KEYS, TEACHER_KEYS, RunConfig, config_difference
 from ..convert import convert
 from ..distill import attention_distances, distill
 from ..errors import LinearizeError
@@ -77,15 +77,21 @@ class RunContext:
 
 
 @writes_output("out_dir")
-def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, report_to="none"):
+def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_from=None, stage1_from=None,
+        report_to="none"):
     """Run the whole pipeline of ``config`` (a checked :class:`~linearize.config.RunConfig`, as
     ``recipes.load_recipe`` returns it) into ``out_dir``; the :class:`~linearize.report.Report`.
 
     ``teacher_from``: a finished run folder of the same model, task, data and seed whose teacher
     is reused instead of fine-tuning another (``linearize compare`` shares one per seed).
+    ``stage1_from``: a run folder whose finished teacher and stage 1 were made with this run's
+    stage-1 settings (:data:`~linearize.config.STAGE1_KEYS`): both are reused, as a resumed run
+    reuses its own (``linearize compare`` shares them between variants of stage 2).
     ``report_to``: experiment trackers for every training stage (``linearize.trackers``).
     """
     ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
+    if stage1_from is not None and not ctx.state.done("stage1"):
+        share_stage1(ctx, stage1_from)
     if teacher_from is not None and not ctx.state.done("teacher"):
         share_teacher(ctx, teacher_from)
     reused = [stage for stage in STAGES if ctx.state.done(stage)]
@@ -162,6 +168,26 @@ def share_teacher(ctx, teacher_from):
                              "or drop --teacher-from (--teachers-from), or compare into another --out")
     on_main_process(link_or_copy, Path(teacher_from) / "teacher", ctx.out_dir / "teacher")
     ctx.state.finish("teacher", shared.get("teacher"))
+
+
+def share_stage1(ctx, stage1_from):
+    """Take the finished teacher and stage-1 student of the run folder ``stage1_from`` (hard-linked)
+    after checking that they were made with this run's stage-1 settings; a teacher this run already
+    finished must be that one."""
+    shared = RunState(stage1_from, None)
+    if not (shared.done("teacher") and shared.done("stage1")):
+        raise LinearizeError(f"{stage1_from} has no finished stage 1 to share")
+    difference = config_difference(shared.config, ctx.config, STAGE1_KEYS)
+    if difference is not None:
+        raise LinearizeError(f"{stage1_from}'s stage 1 was made with other settings ({difference})")
+    if ctx.state.done("teacher") and ctx.state.get("teacher") != shared.get("teacher"):
+        raise LinearizeError(f"{ctx.out_dir} has a teacher of its own, not {stage1_from}'s: its stage 1 was "
+                             "distilled from another teacher")
+    for stage in ("teacher", "stage1"):
+        if not ctx.state.done(stage):
+            on_main_process(link_or_copy, Path(stage1_from) / STAGE_DIRS[stage], ctx.out_dir / STAGE_DIRS[stage])
+            ctx.state.finish(stage, shared.get(stage))
+    ctx.log(f"[3/6] stage 1: shared with {stage1_from} (the same stage-1 settings)")
 
 
 def teacher_stage(ctx):
