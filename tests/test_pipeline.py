@@ -244,7 +244,8 @@ def test_a_variant_of_stage_2_alone_shares_stage_1(workspace):
     from linearize.errors import LinearizeError
     from linearize.pipeline import RunState
 
-    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1}})
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1},
+                                                                   "options": {"t2r": {"feature_dim": 4}}})
     settings = {"plain": {}, "kd": {"stage2": {"kd_weight": 0.5}}, "lr": {"stage1": {"lr": 0.02}}}
     out = workspace / "stage1-shared"
     compare(recipe, out, methods=["t2r"], seeds=[0], without_stage1=False, settings=settings, progress=False,

@@ -187,7 +187,8 @@ def share_stage1(ctx, stage1_from):
         if not ctx.state.done(stage):
             on_main_process(link_or_copy, Path(stage1_from) / STAGE_DIRS[stage], ctx.out_dir / STAGE_DIRS[stage])
             ctx.state.finish(stage, shared.get(stage))
-    ctx.log(f"[3/6] stage 1: shared with {stage1_from} (the same stage-1 settings)")
+    on_main_process(drop_resume_checkpoints, ctx.out_dir / "work" / "stage1")  # a stage 1 begun here before
+    ctx.log(f"teacher and stage 1: shared with {stage1_from} (the same stage-1 settings)")
 
 
 def teacher_stage(ctx):
