@@ -343,12 +343,12 @@ def test_a_run_folder_from_before_a_new_recipe_key_still_resumes(tmp_path):
 
     current = load_recipe(None)
     saved = json.loads(json.dumps(current.to_recipe()))
-    del saved["stage2"]["kd_weight"]
+    del saved["stage2"]["kd_temperature"]  # a key the recipe leaves at its default
     (tmp_path / "state.json").write_text(json.dumps({"recipe": saved, "stages": {}}))
     assert RunState(tmp_path, current).config == current
-    changed = load_recipe(None, overrides={"stage2": {"kd_weight": 0.5}})
+    changed = load_recipe(None, overrides={"stage2": {"kd_temperature": 3.0}})
     (tmp_path / "state.json").write_text(json.dumps({"recipe": saved, "stages": {}}))
-    with pytest.raises(linearize.errors.LinearizeError, match=r"stage2.kd_weight: 0.0 -> 0.5"):
+    with pytest.raises(linearize.errors.LinearizeError, match=r"stage2.kd_temperature: 2.0 -> 3.0"):
         RunState(tmp_path, changed)
 
 

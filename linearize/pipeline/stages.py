@@ -98,7 +98,8 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     teacher, teacher_result = teacher_stage(ctx)
     student, stage1_result = stage1(ctx, teacher)
     student, stage2_result = stage2(ctx, teacher, student, stage1_result)
-    log(f"[5/6] measuring latency ({config.eval.latency_repeats} timed passes per model) and attention")
+    log(f"[5/6] measuring latency ({config.eval.latency_repeats} timed passes per model) and attention"
+        if not ctx.state.done("latency") else "[5/6] latency as measured before (state.json); attention")
     student.to(next(teacher.parameters()).device)  # a resumed run reloads finished stages on the CPU
     timing, seq_len, batch = measure_latency(ctx, teacher, student)
     visuals = figure_data(ctx, teacher, student)
