@@ -4,7 +4,9 @@ On an H100 in bf16 every linear layer below ~8k tokens took a flat 0.5-1.4 ms ag
 (docs/experiments/bench/RESULTS.md#gpu): launches, not arithmetic, was the reading. This counts them:
 per method and length, the call's kernels (``torch.profiler``, CUDA activity), the sum of their device
 time, and the median wall time of the call; where the wall time is far above the kernels' sum, the
-call is launch-bound (fusing kernels or CUDA graphs would pay), else its kernels are the cost.
+call is launch-bound (fusing kernels or CUDA graphs would pay), else its kernels are the cost. With
+``--compile`` (the default on a GPU) each call is also timed through ``torch.compile(mode="reduce-overhead")``:
+fused kernels replayed as a CUDA graph, what a user can do today (a compile failure is recorded, not fatal).
 
     python docs/experiments/bench/gpu_kernels.py --out runs/gpu-kernels            # on a GPU: CUDA kernels
     python docs/experiments/bench/gpu_kernels.py --device cpu --lens 512 --out /tmp/k   # the same code: aten ops
@@ -47,6 +49,18 @@ def wall_ms(call, device, repeats=20):
     return statistics.median(times)
 
 
+def compiled_ms(method, q, k, v, device):
+    """Median wall ms of the call compiled with CUDA graphs (``reduce-overhead``), or the error's first line."""
+    try:
+        torch._dynamo.reset()
+        call = torch.compile(attention_call(method, q, k, v), mode="reduce-overhead")
+        for _ in range(3):
+            call()
+        return wall_ms(call, device)
+    except Exception as error:  # noqa: BLE001 - a measurement: the failure is the finding
+        return str(error).strip().splitlines()[0][:160]
+
+
 def kernels(call, device):
     """``(count, summed device ms)`` of one call: CUDA kernels on a GPU, aten ops (self CPU time) on the CPU."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -67,7 +81,10 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--lens", default="512,4096,16384")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time torch.compile(mode='reduce-overhead') (default: on a GPU)")
     args = parser.parse_args(argv)
+    args.compile = args.device == "cuda" if args.compile is None else args.compile
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     rows = []
@@ -80,14 +97,16 @@ def main(argv=None):
                     call()
                 count, busy_ms = kernels(call, args.device)
                 rows.append({"tokens": n, "method": method, "kernels": count, "kernel_ms": busy_ms,
-                             "wall_ms": wall_ms(call, args.device)})
+                             "wall_ms": wall_ms(call, args.device),
+                             "compiled_ms": compiled_ms(method, q, k, v, args.device) if args.compile else None})
                 print(json.dumps(rows[-1]), flush=True)
     unit = "CUDA kernels" if args.device == "cuda" else "aten ops"
     lines = [f"{args.device} {args.dtype}, batch 1, 12 heads, head dim 32; {unit} of one call, their summed time, "
-             "and the median wall time of 20 calls", "", f"| tokens | method | {unit} | their ms | wall ms |",
-             "|---:|---|---:|---:|---:|"]
-    lines += [f"| {r['tokens']:,} | {r['method']} | {r['kernels']} | {r['kernel_ms']:.3f} | {r['wall_ms']:.3f} |"
-              for r in rows]
+             "and the median wall time of 20 calls (compiled: through torch.compile, mode reduce-overhead)", "",
+             f"| tokens | method | {unit} | their ms | wall ms | compiled wall ms |", "|---:|---|---:|---:|---:|---:|"]
+    shown = lambda x: "—" if x is None else (f"{x:.3f}" if isinstance(x, float) else f"failed: {x}")  # noqa: E731
+    lines += [f"| {r['tokens']:,} | {r['method']} | {r['kernels']} | {r['kernel_ms']:.3f} | {r['wall_ms']:.3f} "
+              f"| {shown(r['compiled_ms'])} |" for r in rows]
     (args.out / "kernels.json").write_text(json.dumps({"device": args.device, "dtype": args.dtype, "rows": rows},
                                                       indent=1))
     (args.out / "kernels.md").write_text("\n".join(lines) + "\n")
