@@ -434,8 +434,13 @@ def test_rows_follow_the_docstring_formula(name):
 
 # ---- 3. gradients -------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("groups", [None, 10], ids=["one-group", "groups-of-10-rows"])
 @pytest.mark.parametrize("name", ["hedgehog", "luna"])
-def test_gradients_of_the_fast_path_equal_the_references(name):
+def test_gradients_of_the_fast_path_equal_the_references(name, groups, monkeypatch):
+    """Gradients of every input, γ and the map's parameters; also with the query rows in several groups
+    (their windows and rows taken as pieces of one split)."""
+    if groups:
+        monkeypatch.setattr(hybrid, "GROUP_ROWS", groups)
     fm = make(name)
     params = [p for p in fm.parameters() if p.requires_grad]
     assert params

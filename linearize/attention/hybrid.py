@@ -254,18 +254,23 @@ def hybrid_attention(q, k, v, feature_map, radius, sinks=(), gamma=None, key_pad
     phi_q, phi_k, mask = feature_maps(q, k, feature_map, key_padding_mask, scale)
     vf = v.float()
     sink_keys = _sink_keys(k.float(), phi_k, vf, key_padding_mask, sinks) if sinks else None
-    blocks = _block_sums(k.float(), phi_k, vf, mask, radius) if radius else None
+    windows = _block_windows(*_block_sums(k.float(), phi_k, vf, mask, radius)) if radius else None
     n_real = mask.sum(dim=1).clamp_min(1.0)[:, None, None, None]
     real_v = (mask[:, None, :, None] * vf).sum(dim=2, keepdim=True) if key_padding_mask is not None \
         else vf.sum(dim=2, keepdim=True)
     state, key_sum = phi_k.transpose(-1, -2) @ vf, phi_k.sum(dim=2)[..., None]  # Σ φ(k_j) v_jᵀ, Σ φ(k_j)
-    parts = (q.float() * scale, phi_q, blocks, sink_keys, radius, gamma, state, key_sum, (eps / n_real) * real_v, eps)
+    shared = (sink_keys, radius, gamma, state, key_sum, (eps / n_real) * real_v, eps)
+    q = q.float() * scale
     if is_tracing():  # one group: no loop sized by the input in the graph
-        return cast_finite(_group_output(0, *parts), v.dtype)[:, :, :seq]
+        return cast_finite(_group_output(0, q, phi_q, windows, *shared), v.dtype)[:, :, :seq]
     out = torch.empty(batch, heads, seq, v.shape[-1], dtype=v.dtype, device=v.device)
     group = max(1, GROUP_ROWS // max(1, radius)) * max(1, radius)
-    for start in range(0, seq, group):
-        rows = _group_output(start, *parts, stop=start + group)
+    # the groups as pieces of one split: its backward joins their gradients, where a slice per group would
+    # fill a zero gradient of the whole tensor for every group
+    pieces = zip(q.split(group, dim=2), phi_q.split(group, dim=2),
+                 zip(*_split_block_windows(windows, group // radius)) if radius else [None] * math.ceil(seq / group))
+    for start, (q_rows, phi_rows, window) in zip(range(0, seq, group), pieces):
+        rows = _group_output(start, q_rows, phi_rows, window, *shared)
         out[:, :, start:start + group] = cast_finite(rows[:, :, :seq - start], v.dtype)
     return out
 
@@ -298,6 +303,27 @@ def _block_sums(k, phi_k, v, mask, block):
     return keys, values, real, states, sums
 
 
+def _block_windows(keys, values, real, states, sums):
+    """Every query block's window from :func:`_block_sums`: ``(keys [B,H,nb,3·block,d], values [B,H,nb,3·block,d],
+    real [B,nb,3·block], Σ_{j∈window} φ(k_j) v_jᵀ [B,H,nb,D,d], Σ_{j∈window} φ(k_j) [B,H,nb,D,1])``, query block
+    ``β``'s window the key blocks ``β .. β+2`` (with the padding blocks), its sums the running sums at ``β + 3``
+    less those at ``β``."""
+    count = keys.shape[2] - 2
+
+    def three(x, dim):  # the three key blocks around every query block, as one axis
+        return torch.cat([x.narrow(dim, shift, count) for shift in range(3)], dim=dim + 1)
+
+    return (three(keys, 2), three(values, 2), three(real, 1), states.narrow(2, 3, count) - states.narrow(2, 0, count),
+            sums.narrow(2, 3, count) - sums.narrow(2, 0, count))
+
+
+def _split_block_windows(windows, blocks):
+    """:func:`_block_windows` in pieces of ``blocks`` query blocks: one tuple of pieces per tensor."""
+    keys, values, real, near_states, near_sums = windows
+    return (*(x.split(blocks, dim=2) for x in (keys, values)), real.split(blocks, dim=1),
+            *(x.split(blocks, dim=2) for x in (near_states, near_sums)))
+
+
 def _sink_keys(k, phi_k, v, key_padding_mask, sinks):
     """``(keys [B,H,S,d], features [B,H,S,D], values [B,H,S,d], positions [B,S], valid [B,S])`` of the
     sink tokens of each sequence (:func:`sink_positions`)."""
@@ -311,19 +337,18 @@ def _sink_keys(k, phi_k, v, key_padding_mask, sinks):
     return gather(k), gather(phi_k), gather(v), positions, valid
 
 
-def _group_output(start, q, phi_q, blocks, sink_keys, radius, gamma, state, key_sum, bias, eps, stop=None):
-    """The output rows ``start .. stop`` (float32; ``start`` a multiple of ``radius``): the exact part (the
+def _group_output(start, q, phi_q, window, sink_keys, radius, gamma, state, key_sum, bias, eps):
+    """The output rows ``start ..`` of ``q`` (times the scale) and ``phi_q``, that group's rows (float32;
+    ``start`` a multiple of ``radius``; ``window``: its blocks' :func:`_block_windows`): the exact part (the
     window's, :func:`_window_part`, and the sinks', :func:`_sink_scores`) plus γ times the linear sums over
     the keys outside the exact set (the global sums less the window's and the exact sinks' terms), over
     the guarded normaliser."""
-    if stop is not None:  # eager groups (traced: the whole sequence, no slice); contiguous for the products
-        q, phi_q = q[:, :, start:stop].contiguous(), phi_q[:, :, start:stop].contiguous()
     linear_num, linear_den = phi_q @ state, phi_q @ key_sum
     sink = _sink_scores(q, sink_keys, start, radius) if sink_keys is not None else None
     top = sink[0].amax(dim=-1, keepdim=True) if sink is not None else None
     num, den = 0.0, 0.0
     if radius:
-        num, den, top, near_num, near_den = _window_part(q, phi_q, blocks, start, radius, top)
+        num, den, top, near_num, near_den = _window_part(q, phi_q, window, radius, top)
         linear_num, linear_den = linear_num - near_num, linear_den - near_den
     if sink is not None:
         scores, exact = sink
@@ -341,29 +366,21 @@ def _by_block(x, block):
     return x.unflatten(2, (x.shape[2] // block, block))
 
 
-def _window_part(q, phi_q, blocks, start, block, sink_top):
-    """The window's share of the rows ``start ..`` (``q`` times the scale, ``phi_q`` their features):
-    ``(Σ_{j∈window} exp(s_ij − c_i) v_j [B,H,n,d], its sum [B,H,n,1], c_i [B,H,n,1] (over the window and
-    ``sink_top``, the sinks' max, or None), and the window's linear terms φ(q_i)ᵀΣ_{j∈window} φ(k_j)v_jᵀ
-    [B,H,n,d] and φ(q_i)ᵀΣ_{j∈window} φ(k_j) [B,H,n,1])``, the latter from the three key blocks' sums."""
-    first = start // block
+def _window_part(q, phi_q, window, block, sink_top):
+    """The window's share of a group's rows (``q`` times the scale, ``phi_q`` their features, ``window``
+    their blocks' :func:`_block_windows`): ``(Σ_{j∈window} exp(s_ij − c_i) v_j [B,H,n,d], its sum [B,H,n,1], c_i
+    [B,H,n,1] (over the window and ``sink_top``, the sinks' max, or None), and the window's linear terms
+    φ(q_i)ᵀΣ_{j∈window} φ(k_j)v_jᵀ [B,H,n,d] and φ(q_i)ᵀΣ_{j∈window} φ(k_j) [B,H,n,1])``."""
     qb, fb = _by_block(q, block), _by_block(phi_q, block)
-    count = qb.shape[2]
-    keys, values, real, states, sums = blocks
-
-    def window(x, dim=2):  # the three key blocks around every query block, as one axis
-        return torch.cat([x.narrow(dim, first + shift, count) for shift in range(3)], dim=dim + 1)
-
-    scores = (qb @ window(keys).transpose(-1, -2)).masked_fill_(~window(real, 1)[:, None, :, None].bool(),
-                                                                 float("-inf"))
+    keys, values, real, near_states, near_sums = window
+    scores = (qb @ keys.transpose(-1, -2)).masked_fill_(~real[:, None, :, None].bool(), float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)
     if sink_top is not None:
         top = torch.maximum(top, _by_block(sink_top, block))
     top = _finite(top)
     exp = _exp_minus(scores, top)
-    num, den = (exp @ window(values)).flatten(2, 3), exp.sum(dim=-1, keepdim=True).flatten(2, 3)
-    near_num, near_den = ((fb @ (x.narrow(2, first + 3, count) - x.narrow(2, first, count))).flatten(2, 3)
-                          for x in (states, sums))
+    num, den = (exp @ values).flatten(2, 3), exp.sum(dim=-1, keepdim=True).flatten(2, 3)
+    near_num, near_den = ((fb @ x).flatten(2, 3) for x in (near_states, near_sums))
     return num, den, top.flatten(2, 3), near_num, near_den
 
 
