@@ -87,12 +87,9 @@ def shared_stage1(folder, config, teacher_run):
     """The first run under ``folder`` (one seed's folder) whose finished stage 1 ``config`` would make
     again (the same :data:`~linearize.config.STAGE1_KEYS`) from the seed's shared teacher
     (``teacher_run``'s), or None: a variant of stage 2 alone does not distil stage 1 again."""
-    from .attention.feature_maps import options_for
     from .config import STAGE1_KEYS, config_difference
     from .pipeline import RunState
 
-    # as a run keeps them (start_run): the method's own options, a block keyed by its name resolved
-    config = dataclasses.replace(config, options=options_for(config.method, config.options))
     teacher = RunState(teacher_run, None).get("teacher") if teacher_run is not None else None
     for candidate in sorted(Path(folder).glob("*/state.json")):
         state = RunState(candidate.parent, None)

@@ -569,13 +569,18 @@ def _as_json(value):
 
 
 def _options_difference(method, old, new):
-    """The first feature-map option of ``method`` that differs, a missing one at its default."""
+    """The first feature-map option of ``method`` that differs, a missing one at its default: each side
+    as ``method`` is converted with it (``options_for``: a block keyed by the method's name resolved,
+    another method's block left out), so a recipe and the run folder that keeps its resolved options agree."""
     from .attention import method_options
+    from .attention.feature_maps import options_for
 
     try:
         defaults = _as_json(method_options(method))
     except (ValueError, TypeError):  # no such method: compare as given
         defaults = {}
+    else:
+        old, new = options_for(method, old), options_for(method, new)
     old, new = {**defaults, **_as_json(old or {})}, {**defaults, **_as_json(new or {})}
     for option in sorted(set(old) | set(new), key=str):
         if old.get(option) != new.get(option):
