@@ -70,7 +70,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     0: in this process, with the models in memory.
     """
     from ..convert import load, revert, summary
-    from .long import check_user_state_placement, user_state_note
+    from .long import check_user_state_placement, user_state_measure, user_state_note
 
     directory = Path(directory)
     about = summary(directory)  # a one-line error for a folder that is not a converted model
@@ -91,9 +91,10 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     method = about["method"]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed, log=log)
     with measuring(threads) as machine:
-        if processes:
-            rows = _user_state_rows(directory, softmax, softmax_label, method, measured, processes, threads,
-                                    softmax_max_bytes, **measure)
+        if processes:  # the folder as saved, beside its softmax original saved as plain transformers
+            rows = user_state_measure({softmax_label: softmax, method: directory}, softmax_label, measured,
+                                      capped=[softmax_label], processes=processes, threads=threads,
+                                      softmax_max_bytes=softmax_max_bytes, **measure)
         else:
             rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured, memory=memory,
                                    softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
@@ -110,23 +111,6 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     if log:
         log(f"{method}: {crossover_text(record['crossover'])}; written to {directory / FOLDER_BENCH_JSON}")
     return record
-
-
-def _user_state_rows(directory, softmax, softmax_label, method, seq_lens, processes, threads, softmax_max_bytes, *,
-                     batch_size, repeats, warmup, seed, log):
-    """:func:`bench_folder`'s rows in a user's processes: ``directory`` as saved, beside its softmax original
-    saved as plain transformers to a temporary folder; softmax skips the lengths past its memory cap."""
-    import tempfile
-
-    from .models import softmax_skip_reason
-    from .user_state import user_state_rows
-
-    skip = {softmax_label: [n for n in seq_lens if softmax_skip_reason(softmax, batch_size, n, softmax_max_bytes)]}
-    with tempfile.TemporaryDirectory(prefix="linearize-bench-") as root:
-        softmax.save_pretrained(root)
-        return user_state_rows({softmax_label: root, method: directory}, softmax_label, seq_lens,
-                               processes=processes, threads=threads or 2, repeats=repeats, warmup=warmup,
-                               batch_size=batch_size, seed=seed, skip=skip, log=log)
 
 
 def read_folder_bench(directory):

@@ -118,11 +118,11 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
 
 def user_state_measure(models, reference, seq_lens, *, capped, processes, threads, batch_size, repeats, warmup,
                        seed, softmax_max_bytes, log=None):
-    """Rows of ``{label: model}`` measured as a user's process gets them
+    """Rows of ``{label: model or saved folder}`` measured as a user's process gets them
     (:mod:`linearize.bench.user_state`): each model saved to a temporary folder (a converted one
-    with its remote code, softmax as plain transformers), then timed in ``processes`` fresh
-    processes that load the folders with plain transformers; the labels of ``capped`` skip the
-    lengths where :func:`softmax_skip_reason` says so."""
+    with its remote code, softmax as plain transformers; a folder is timed as it is), then timed in
+    ``processes`` fresh processes that load the folders with plain transformers; the labels of
+    ``capped`` skip the lengths where :func:`softmax_skip_reason` says so (``models[reference]``: a model)."""
     import tempfile
 
     from ..convert import is_converted, save
@@ -135,8 +135,11 @@ def user_state_measure(models, reference, seq_lens, *, capped, processes, thread
     with tempfile.TemporaryDirectory(prefix="linearize-bench-") as root:
         folders = {}
         for index, (label, model) in enumerate(models.items()):
-            folders[label] = Path(root) / f"model{index}"
-            save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
+            if isinstance(model, (str, Path)):  # a saved folder, timed as it is
+                folders[label] = model
+            else:
+                folders[label] = Path(root) / f"model{index}"
+                save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
         return user_state_rows(folders, reference, seq_lens, processes=processes, threads=threads or 2,
                                repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log)
 
