@@ -276,8 +276,7 @@ def test_luna_grid_index_equals_bucketize_everywhere(seed):
     grid = lookup["grid"]
     assert grid is not None  # the default LUNA gets a grid
     knots = lookup["knots"]
-    edges = ((torch.arange(grid["cells"] + 2, dtype=torch.float64) - grid["offset"].double())
-             / grid["inverse_width"].double()).float()
+    edges = ((torch.arange(grid["cells"] + 2, dtype=torch.float64) - grid["offset"]) / grid["inverse_width"]).float()
     points = torch.cat([knots, edges, torch.randn(20000) * 5, torch.randn(2000) * 1e3,
                         torch.tensor([0.0, -0.0, 1e30, -1e30, math.inf, -math.inf])])
     up, down = torch.nextafter(points, torch.tensor(math.inf)), torch.nextafter(points, torch.tensor(-math.inf))

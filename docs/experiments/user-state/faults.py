@@ -7,11 +7,14 @@ grad mode) runs in a fresh process that blocks ``import linearize``, uses 2 thre
 2 forwards, then over 5 forwards records the minor page faults (``getrusage`` ``ru_minflt``) and
 the wall time of each; then one more forward under ``torch.profiler`` (``profile_memory``) gives
 every allocation: bytes and count per forward, the blocks of 128 KiB and more (glibc's first mmap
-threshold), the peak, and the bytes by op and by the innermost model-code function.
+threshold), the peak, and the bytes by op and by the innermost model-code function; the time and faults in
+each block of a layer (attention, its output, the feed-forward halves) over 3 more forwards, and the
+self CPU time by op of one more (``torch.profiler``, no memory recording).
 
     .venv/bin/python docs/experiments/user-state/faults.py make --out /tmp/uf      # the folders (uses linearize)
     .venv/bin/python docs/experiments/user-state/faults.py run --folders /tmp/uf --out /tmp/uf/results.json
     .venv/bin/python docs/experiments/user-state/faults.py table /tmp/uf/results.json
+    .venv/bin/python docs/experiments/user-state/faults.py where /tmp/uf/results.json  # time and faults by block and op
 
 Folders: ``softmax`` (plain BERT with SDPA, its position table tiled to 4,096 like the others'),
 ``hedgehog``, ``t2r``, ``darkformer``, ``luna`` (defaults) and ``luna-recipe`` (the default recipe's
@@ -102,7 +105,8 @@ def measure_one(folder, length, batch, mode, forwards=5, warmup=2, threads=2):
         cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     result = {"faults": faults, "wall_s": [round(w, 4) for w in walls], "cpu_s": [round(c, 4) for c in cpus],
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-              "faults_by_part": faults_by_part(model, forward)}
+              "time_by_op": time_by_op(forward)}
+    result["faults_by_part"], result["ms_by_part"] = by_part(model, forward)
     result.update(profile_forward(forward))
     return result
 
@@ -110,17 +114,22 @@ def measure_one(folder, length, batch, mode, forwards=5, warmup=2, threads=2):
 PARTS = ("attention.self", "attention.output", "intermediate", "output")  # a BERT layer's four blocks
 
 
-def faults_by_part(model, forward, passes=3):
-    """Median faults per forward inside each of a layer's blocks (summed over the layers), and the
-    rest (embeddings, pooler, between blocks); separate forwards, after the timed ones."""
-    counts, hooks, opened = {}, [], {}
+def by_part(model, forward, passes=3):
+    """``(faults, ms)``: the median minor faults and milliseconds per forward inside each of a layer's
+    blocks (summed over the layers), and the rest (embeddings, pooler, between blocks); separate
+    forwards, after the timed ones."""
+    counts, times, hooks, opened = {}, {}, [], {}
 
     def pre(name):
-        return lambda *_: opened.__setitem__(name, resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        def hook(*_):
+            opened[name] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter())
+        return hook
 
     def post(part, name):
         def hook(*_):
-            counts[part] = counts.get(part, 0) + resource.getrusage(resource.RUSAGE_SELF).ru_minflt - opened[name]
+            faults, start = opened[name]
+            counts[part] = counts.get(part, 0) + resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            times[part] = times.get(part, 0.0) + 1e3 * (time.perf_counter() - start)
         return hook
 
     for name, module in model.named_modules():
@@ -128,18 +137,32 @@ def faults_by_part(model, forward, passes=3):
                     None)
         if part is not None:
             hooks += [module.register_forward_pre_hook(pre(name)), module.register_forward_hook(post(part, name))]
-    totals = []
+    fault_rows, time_rows = [], []
     try:
         for _ in range(passes):
             counts.clear()
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            times.clear()
+            before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
             forward()
             total = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-            totals.append({**counts, "rest": total - sum(counts.values())})
+            fault_rows.append({**counts, "rest": total - sum(counts.values())})
+            time_rows.append({**times, "rest": 1e3 * (time.perf_counter() - start) - sum(times.values())})
     finally:
         for hook in hooks:
             hook.remove()
-    return {part: statistics.median(t.get(part, 0) for t in totals) for part in (*PARTS, "rest")}
+    return tuple({part: round(statistics.median(row.get(part, 0) for row in rows), 3) for part in (*PARTS, "rest")}
+                 for rows in (fault_rows, time_rows))
+
+
+def time_by_op(forward, top=14):
+    """``[op, self ms per forward, calls per forward]`` of one profiled forward (``torch.profiler``,
+    no memory or stack recording), the ``top`` ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward()
+    ranked = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [[e.key, round(e.self_cpu_time_total / 1e3, 3), e.count] for e in ranked]
 
 
 def profile_forward(forward, top=12):
@@ -251,6 +274,30 @@ def table(rows, mode="inference"):
     return "\n".join(lines)
 
 
+def where_time_goes(rows, mode="inference", top=8):
+    """Markdown: per length and model, the milliseconds and minor faults per forward in each of a BERT
+    layer's blocks (summed over the layers; medians over the processes), then each model's ``top`` ops
+    by self CPU time per forward (the first process's profiled forward)."""
+    here = [r for r in rows if r["mode"] == mode and "ms_by_part" in r]
+    head = " | ".join(PARTS + ("rest",))
+    lines = [f"| N (batch) | model | ms per forward | ms: {head} | faults: {head} |", "|:--|:--|--:|:--|:--|"]
+    ops = []
+    for length in sorted({r["length"] for r in here}):
+        for config in CONFIGS:
+            rs = [r for r in here if r["length"] == length and r["config"] == config]
+            if not rs:
+                continue
+            wall = statistics.median(statistics.median(r["wall_s"]) for r in rs)
+            ms, faults = ({part: statistics.median(r[key][part] for r in rs) for part in (*PARTS, "rest")}
+                          for key in ("ms_by_part", "faults_by_part"))
+            lines.append(f"| {length} ({rs[0]['batch']}) | {config} | {1e3 * wall:,.1f} | "
+                         + " / ".join(f"{ms[p]:,.1f}" for p in (*PARTS, "rest")) + " | "
+                         + " / ".join(f"{faults[p]:,.0f}" for p in (*PARTS, "rest")) + " |")
+            ops.append(f"- {length} ({rs[0]['batch']}), {config}: "
+                       + ", ".join(f"{name} {ms_:.1f} ms ({count})" for name, ms_, count in rs[0]["time_by_op"][:top]))
+    return "\n".join(lines + ["", "Self CPU time by op per forward (calls):", ""] + ops)
+
+
 def compare(before, after, mode="inference"):
     """Markdown: per length and model, before → after: the median over processes of each process's
     median faults per forward (× softmax's), MiB allocated and blocks of 128 KiB and more per
@@ -301,6 +348,7 @@ def main(argv=None):
     shower.add_argument("results", type=Path)
     shower.add_argument("--mode", default="inference", choices=MODES)
     shower.add_argument("--profile", help="also list the top allocations of this config")
+    sub.add_parser("where").add_argument("results", type=Path)
     comparer = sub.add_parser("compare")
     comparer.add_argument("--before", type=Path, nargs="+", required=True)
     comparer.add_argument("--after", type=Path, nargs="+", required=True)
@@ -312,6 +360,8 @@ def main(argv=None):
         run(args.folders, args.out, args.configs, args.lengths, args.modes, args.rounds)
     elif args.command == "one":
         print(json.dumps(measure_one(args.folder, args.length, args.batch, args.mode)))
+    elif args.command == "where":
+        print(where_time_goes(json.loads(args.results.read_text())))
     elif args.command == "compare":
         before, after = ([row for path in paths for row in json.loads(path.read_text())]
                          for paths in (args.before, args.after))
