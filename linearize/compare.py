@@ -99,6 +99,21 @@ def shared_stage1(folder, config, teacher_run):
     return None
 
 
+def finished_report(folder, config):
+    """The report of the run in ``folder`` when it finished with ``config`` (every stage and its latency
+    recorded, its report written), else None: a continued comparison reads a finished row instead of
+    loading its data, models and teacher targets again to rewrite the same report. A folder holding
+    another configuration is refused in one line, as :func:`~linearize.pipeline.run` refuses it."""
+    from .pipeline import RunState
+    from .pipeline.stages import STAGES
+    from .report import REPORT_JSON, load_report
+
+    if not (Path(folder) / REPORT_JSON).is_file():
+        return None
+    state = RunState(folder, config)
+    return load_report(folder) if all(state.done(stage) for stage in (*STAGES, "latency")) else None
+
+
 @writes_output("out_dir")
 def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=True, settings=None,
             teachers_from=None, table_only=False, progress=True, log=print):
@@ -136,9 +151,13 @@ def compare(recipe, out_dir, *, methods=None, seeds=(0, 1, 2), without_stage1=Tr
             if teachers_from and teacher_runs[seed] is None:
                 log(f"no finished teacher for seed {seed} in {teachers_from}: fine-tuning one")
         log(f"== seed {seed}: {row} -> {folder}")
-        stage1_from = teacher_runs[seed] and shared_stage1(out_dir / f"seed{seed}", run_config, teacher_runs[seed])
-        report = run(run_config, folder, progress=progress, log=log, teacher_from=teacher_runs[seed],
-                     stage1_from=stage1_from if stage1_from != folder else None)
+        report = finished_report(folder, run_config)
+        if report is not None:
+            log("finished before: its report as written (delete report.json to write it again)")
+        else:
+            stage1_from = teacher_runs[seed] and shared_stage1(out_dir / f"seed{seed}", run_config, teacher_runs[seed])
+            report = run(run_config, folder, progress=progress, log=log, teacher_from=teacher_runs[seed],
+                         stage1_from=stage1_from if stage1_from != folder else None)
         teacher_runs[seed] = teacher_runs[seed] or folder
         results.setdefault(row, []).append(report)
     if not results:

@@ -237,6 +237,36 @@ def test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace):
     assert more["rows"][1]["row"] == "relu"
 
 
+def test_a_continued_comparison_reads_its_finished_rows_without_running_them(workspace, monkeypatch):
+    """Re-invoked, a comparison takes each finished row's report as written: no run reloads its data and
+    models to write the same report again; a finished folder of another configuration is still refused."""
+    import linearize.compare
+    from linearize.compare import compare
+    from linearize.errors import LinearizeError
+
+    out = workspace / "compare"
+    if not (out / "compare.json").is_file():
+        test_compare_shares_one_teacher_per_seed_and_writes_the_table(workspace)
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage2": {"epochs": 1}, "teacher": {"epochs": 1},
+                                                                   "options": {"t2r": {"feature_dim": 4}}})
+    written = {name: (out / "seed0" / name / "report.json").stat().st_mtime_ns for name in ("t2r", "elu")}
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a finished row ran again")
+
+    monkeypatch.setattr(linearize.compare, "run", no_run)
+    lines = []
+    again = compare(recipe, out, methods=["t2r", "elu"], seeds=[0], progress=False, log=lines.append)
+    assert [row["row"] for row in again["rows"]] == ["softmax (teacher)", "t2r + stage 1", "t2r, no stage 1", "elu"]
+    elu = json.loads((out / "seed0" / "elu" / "report.json").read_text())
+    assert again["rows"][3]["metric_mean"] == elu["scores"]["student"]["test"][elu["task"]["primary_metric"]]
+    assert {name: (out / "seed0" / name / "report.json").stat().st_mtime_ns for name in written} == written
+    assert sum("finished before" in line for line in lines) == 3  # t2r, t2r without stage 1, elu
+    other = dataclasses.replace(recipe, stage2=dataclasses.replace(recipe.stage2, lr=recipe.stage2.lr * 2))
+    with pytest.raises(LinearizeError, match="holds a run of a different recipe"):
+        compare(other, out, methods=["elu"], seeds=[0], progress=False, log=lambda *a, **k: None)
+
+
 def test_a_variant_of_stage_2_alone_shares_stage_1(workspace):
     """A lever on stage 2 (the KD weight): the variant takes the plain run's finished stage 1 (hard-linked,
     as a resumed run reuses its own) instead of distilling it again; a variant of stage 1 does not."""
