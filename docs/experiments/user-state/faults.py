@@ -279,7 +279,7 @@ def where_time_goes(rows, mode="inference", top=8):
     layer's blocks (summed over the layers; medians over the processes), then each model's ``top`` ops
     by self CPU time per forward (the first process's profiled forward)."""
     here = [r for r in rows if r["mode"] == mode and "ms_by_part" in r]
-    head = " | ".join(PARTS + ("rest",))
+    head = " / ".join(PARTS + ("rest",))  # one cell each: the parts' figures share it, " / " between them
     lines = [f"| N (batch) | model | ms per forward | ms: {head} | faults: {head} |", "|:--|:--|--:|:--|:--|"]
     ops = []
     for length in sorted({r["length"] for r in here}):

@@ -11,7 +11,7 @@ three times, for 196,608 values (one chunk of 1,024 tokens × 12 heads × M = 16
 import time, torch, sys
 from linearize.attention.feature_maps import create_feature_map
 from linearize.attention.core import scratch
-from linearize.attention.feature_maps.luna import piecewise_linear
+from linearize.attention.feature_maps.luna import piecewise_linear_into
 torch.set_num_threads(int(sys.argv[1])); torch.manual_seed(0)
 fm = create_feature_map("luna", 32, 12, projections=16, shared_projections=False).eval()
 n = 12*1024*16
@@ -34,7 +34,6 @@ def old_pw(u, table, index, out):
     torch.index_select(table[:, :channels].contiguous(), 0, index, out=slopes)
     torch.index_select(table[:, channels:].contiguous(), 0, index, out=out)
     return out.addcmul_(slopes, u[:, None]).relu_()
-from linearize.attention.feature_maps.luna import piecewise_linear_into
 with torch.inference_mode():
     table, st = fm._psi_table(u.dtype, u.device, 0.25)
     g = st["grid"]
