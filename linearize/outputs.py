@@ -34,6 +34,10 @@ from .launcher import launched_processes
 TEMPORARY_SUFFIX = ".partial"
 #: ``.<name>.XXXXXXXX.partial`` (mkstemp / mkdtemp's 8 random characters) and ``.<name>.old-<pid>.partial``
 TEMPORARY_NAME = re.compile(r"^\.(?P<name>.+)\.(?:[a-z0-9_]{8}|old-(?P<pid>\d+))" + re.escape(TEMPORARY_SUFFIX) + "$")
+#: the suffix of the file a write check makes and removes at once (:func:`_refusal`). Not
+#: :data:`TEMPORARY_SUFFIX`: a check runs before its process holds the output's lock, and the holder
+#: clearing stale temporaries took a checker's probe for one (and failed when the checker removed it first)
+PROBE_SUFFIX = ".probe"
 #: errors that say the disk (the user's quota, the process's file size limit) is full
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 #: what each write error means, said the user's way
@@ -267,13 +271,14 @@ def check_writable_inside(folder, name):
 
 def _refusal(place, name):
     """Why the existing folder ``place`` refuses a new file, in the user's words, or None: a file
-    named after ``name`` (as the atomic writers name theirs) is made there and removed."""
+    named after ``name`` (``.<name>.XXXXXXXX.probe``: not a stale temporary to a lock's holder,
+    :data:`PROBE_SUFFIX`) is made there and removed."""
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMPORARY_SUFFIX, dir=place)
+        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=PROBE_SUFFIX, dir=place)
     except OSError as error:
         return WRITE_CAUSES.get(error.errno) or (error.strerror or str(error)).lower()
     os.close(fd)
-    Path(probe).unlink(missing_ok=True)  # a writer holding the lock may have cleared it as a leftover
+    Path(probe).unlink(missing_ok=True)  # a writer replacing ``place`` (a folder) may have moved it away
     return None
 
 
@@ -379,7 +384,7 @@ def locked_output(path, *, option="--out", command=None, lock=True):
     try:
         file_lock.acquire()
     except filelock.Timeout:
-        held_by = holder_path.read_text(encoding="utf-8", errors="replace").strip() if holder_path.exists() else ""
+        held_by = _holder_written_in(holder_path)
         who = "another writer in this process" if held_by.startswith(f"pid {os.getpid()} ") else \
             "another linearize process"
         raise LinearizeError(f"{path} is being written by {who} ({held_by or 'holder unknown'}); "
@@ -392,6 +397,15 @@ def locked_output(path, *, option="--out", command=None, lock=True):
         holder_path.unlink(missing_ok=True)
         lock_path.unlink(missing_ok=True)  # while still held: the next writer locks a new file
         file_lock.release()
+
+
+def _holder_written_in(holder_path):
+    """Who holds a lock, as its holder wrote it in ``holder_path``; "" while it has not written it yet
+    or has just released the lock (the file goes with the lock)."""
+    try:
+        return holder_path.read_text(encoding="utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        return ""
 
 
 #: the output folders (their lock files) this thread writes through :func:`writing_output`
@@ -465,13 +479,16 @@ def remove_stale_temporaries(path):
     for entry in found:
         pid = TEMPORARY_NAME.match(entry.name)["pid"]
         original = entry.with_name(TEMPORARY_NAME.match(entry.name)["name"])
-        if pid is not None and not original.exists():
-            os.replace(entry, original)  # killed between moving the old output aside and renaming the new one in
+        try:
+            if pid is not None and not original.exists():
+                os.replace(entry, original)  # killed between moving the old output aside and renaming the new one in
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except FileNotFoundError:  # gone since it was listed: nothing is left to remove
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
         removed.append(entry)
     return removed
 

@@ -314,6 +314,43 @@ def test_bench_folder_of_a_folder_being_written_is_one_line_and_benches_nothing(
     assert hidden(ws) == []
 
 
+WRITERS_AT_ONCE = """
+import os, sys
+from pathlib import Path
+from linearize.errors import LinearizeError
+from linearize.outputs import locked_output
+root = Path(sys.argv[1])
+overlaps = 0
+for i in range(800):
+    out = root / f"out{i % 8}"
+    try:
+        with locked_output(out, command="a writer"):
+            try:
+                os.close(os.open(root / f"in-{out.name}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                overlaps += 1
+                continue
+            os.unlink(root / f"in-{out.name}")
+    except LinearizeError as error:
+        assert "is being written by another linearize process" in str(error), error
+print("overlaps", overlaps)
+"""
+
+
+def test_writers_that_check_lock_and_clear_one_folder_at_once_never_fail_nor_overlap(tmp_path):
+    """CI: of two converts into one new --out, one failed with a bare "No such file or directory". The
+    lock's holder, clearing stale temporaries, took the other's write-check file for one and removed
+    it while the other did too. Two processes now check and lock eight folders 800 times each: each
+    attempt holds its folder alone or is refused in one line, and nothing is left beside them."""
+    writers = [subprocess.Popen([sys.executable, "-c", WRITERS_AT_ONCE, str(tmp_path)], env=cli_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err
+        assert out.split() == ["overlaps", "0"]
+    assert hidden(tmp_path) == []
+
+
 def test_two_converts_into_one_new_out_at_once_one_succeeds_nothing_is_lost(ws, tmp_path):
     out = tmp_path / "same"
     first = linearize_process("convert", ws / "tiny", "--method", "relu", "--out", out)
