@@ -75,7 +75,7 @@ LIMITS = {
     "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
-    "kd_temperature": POSITIVE,
+    "kd_temperature": POSITIVE, "trainable": _one_of("all", "attention"),
     "max_length": _at_least(3, ">= 3 (a text's [CLS] and [SEP] take 2 tokens: at least one is left for the text)"),
     "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
@@ -189,6 +189,9 @@ class FinetuneConfig(TrainingConfig):
     kd_weight: float = setting(
         0.0, "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off).")
     kd_temperature: float = setting(2.0, "Temperature of that distillation term.")
+    trainable: str = setting(
+        "all", "The weights fine-tuned: all, or attention: only the converted attention's own (its feature maps "
+               "and hybrid gamma, as stage 1 trains), every pretrained weight and the head left as they are.")
 
 
 @dataclass
@@ -315,7 +318,7 @@ class TeacherConfig(FinetuneConfig):
     """Recipe section ``teacher``: the softmax teacher's fine-tuning, stage 2's settings with the
     teacher's defaults (no distillation term: the teacher has no teacher)."""
 
-    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "report_to")
+    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "trainable", "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
     attention_dropout: float | None = setting(

@@ -537,6 +537,26 @@ def test_stage2_distils_toward_the_teacher_outputs(tmp_path):
                  log=lambda *a, **k: None)
 
 
+def test_stage2_with_trainable_attention_moves_only_the_feature_maps(tmp_path):
+    """stage2.trainable = attention: the feature maps (and hybrid gamma) train; every pretrained weight and the
+    head stay bit-identical; afterwards every weight requires a gradient again. A model with no converted
+    attention to train is one line."""
+    student = _student()
+    attention = {id(p) for fm in feature_maps_of(student).values() for p in fm.parameters()}
+    before = {name: p.detach().clone() for name, p in student.named_parameters()}
+    config = FinetuneConfig(lr=3e-2, batch_size=4, epochs=1, patience=0, trainable="attention")
+    finetune(student, _loader(), _loader(), "sst2", tmp_path / "attention", config=config, progress=False,
+             log=lambda *a, **k: None)
+    named = dict(student.named_parameters())
+    moved = {name for name, p in named.items() if not torch.equal(p.detach(), before[name])}
+    assert moved and all(id(named[name]) in attention for name in moved), sorted(moved)
+    assert {name for name, p in named.items() if id(p) in attention} == moved
+    assert all(p.requires_grad for p in student.parameters())
+    with pytest.raises(LinearizeError, match="trainable=attention: the model has no converted attention"):
+        finetune(build("bert", seed=0), _loader(), _loader(), "sst2", tmp_path / "softmax", config=config,
+                 progress=False, log=lambda *a, **k: None)
+
+
 def test_stage1_that_raises_the_attention_kl_is_flagged():
     before = {"0": {"kl": 1.0, "ce": 2.0}, "1": {"kl": 3.0, "ce": 4.0}}
     learned = {"0": {"kl": 0.5, "ce": 1.5}, "1": {"kl": 1.0, "ce": 2.0}}
