@@ -1,6 +1,6 @@
 """How far a window alone takes the embedding student on documents (issue 34, items 2 and 4): the real
 all-MiniLM-L6-v2 (the ``minilm-embeddings`` recipe's teacher, the checkpoint as it is) converted to hybrid
-attention with windows of R tokens and the first token exact, no training at all (stage 1 and stage 2 skipped, γ
+attention with windows of R tokens and the first token exact (``--sinks``: also or instead the last), no training at all (stage 1 and stage 2 skipped, γ
 at its measured start), scored as the recipe scores its students: agreement with the teacher's normalised
 embeddings on the 300 held-out whole reviews cut at 512 tokens (``doc_cosine``, ``doc_top10_overlap``) and on the
 800 test sentences (``cosine``, ``top10_overlap``).
@@ -11,6 +11,8 @@ Each variant's scores go to ``--out/<variant>.json`` when done (a re-run skips i
 ``windows.json``) is written atomically after every variant.
 
     PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows
+    PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows \
+        --methods hedgehog --windows 64,128 --sinks first,last
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ def sentence_agreement(task, model):
 
 
 def variant_scores(task, teacher, method, options, window, args):
-    label = f"{method} R={window}" + (" + first" if window else "")
+    sinks = args.sinks if window else "none"
+    label = f"{method} R={window}" + (f" + {sinks.replace(',', ' + ')}" if window else "")
     done = args.out / f"{label.replace(' ', '').replace('=', '').replace('+', '-')}.json"
     if done.is_file():
         return label, json.loads(done.read_text())
     student = teacher if method == "teacher" else convert(copy.deepcopy(teacher), method, window=window,
-                                                        sinks="first" if window else "none", **options).eval()
+                                                        sinks=sinks, **options).eval()
     with torch.inference_mode():
         scores = {**sentence_agreement(task, student), **task.document_agreement(student)}
     atomic_write_json(done, scores)
@@ -63,6 +66,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--methods", default="luna,hedgehog")
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
+    parser.add_argument("--sinks", default="first", help="the exact sink tokens beside a window: first, last or first,last")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
