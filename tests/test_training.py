@@ -557,6 +557,22 @@ def test_stage2_with_trainable_attention_moves_only_the_feature_maps(tmp_path):
                  progress=False, log=lambda *a, **k: None)
 
 
+def test_stage2_with_trainable_attention_takes_batches_inside_the_hybrid_window(tmp_path):
+    """A hybrid whose window covers every sequence runs exact softmax in every layer: with trainable = attention no
+    trained weight takes part in the loss. Stage 2 goes on (it failed in backward on such a batch), its steps add
+    zero gradients, and the maps are as they came."""
+    torch.manual_seed(1)
+    student = linearize.convert(build("bert", seed=0), "hedgehog", window=16, sinks="first")
+    maps = {name: p.detach().clone() for name, p in student.named_parameters() if "linearize_map" in name}
+    assert maps
+    config = FinetuneConfig(lr=3e-2, batch_size=4, epochs=1, patience=0, trainable="attention")
+    result = finetune(student, _loader(), _loader(), "sst2", tmp_path / "inside", config=config, progress=False,
+                      log=lambda *a, **k: None)
+    assert result.steps == 6
+    named = dict(student.named_parameters())
+    assert all(torch.equal(named[name].detach(), before) for name, before in maps.items())
+
+
 def test_stage1_that_raises_the_attention_kl_is_flagged():
     before = {"0": {"kl": 1.0, "ce": 2.0}, "1": {"kl": 3.0, "ce": 4.0}}
     learned = {"0": {"kl": 0.5, "ce": 1.5}, "1": {"kl": 1.0, "ce": 2.0}}

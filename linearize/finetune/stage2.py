@@ -172,6 +172,16 @@ def _trained_parameters(model, trainable):
     return {id(p) for p in trained}
 
 
+def _reaching_trained_weights(loss, model):
+    """``loss``, joined to the trained weights by a zero term when no trained weight took part in it: with
+    ``trainable: attention`` a batch whose every sequence fits inside a hybrid window runs exact softmax in
+    every layer, so no feature map is used. Its step then adds zero gradients (every process of a launcher
+    still takes part in the gradients' all-reduce) instead of failing in ``backward``."""
+    if loss.requires_grad:
+        return loss
+    return loss + sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+
+
 def _optimizer(model, config, trained):
     """AdamW over the parameters whose ids are in ``trained``, with ``config.weight_decay`` on the
     weight matrices and none on biases and norms."""
@@ -234,7 +244,7 @@ class _FineTuning:
             # gradients are only all-reduced (several processes) on the step's last micro-batch
             with contextlib.nullcontext() if boundary else accelerator.no_sync(self.model):
                 with accelerator.autocast():
-                    loss = self.task_loss(self.model, batch)
+                    loss = _reaching_trained_weights(self.task_loss(self.model, batch), self.model)
                 accelerator.backward(loss / window)
             step_loss += loss.item() / window
             if not boundary:
