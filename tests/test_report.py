@@ -387,3 +387,17 @@ def test_a_runs_timings_say_they_come_from_the_linearize_process():
     assert IN_PROCESS_NOTE in render_markdown(report) and "--processes 5" in IN_PROCESS_NOTE
     card = " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, report)).split())
     assert "from the `linearize` run's own process" in card and "--processes 5" in card
+
+
+def test_the_card_says_which_weights_stage_2_trained():
+    """Stage 2 fine-tunes the whole student unless the recipe's stage2.trainable says attention: then the card
+    says only the feature maps trained, the pretrained weights frozen."""
+    from linearize.report.card import build_card
+
+    data = full_report()
+    data["recipe"]["stage2"] = {**data["recipe"].get("stage2", {}), "trainable": "all"}
+    card = " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, Report.from_json(data))).split())
+    assert "stage 2 fine-tunes the whole student on the task" in card
+    data["recipe"]["stage2"]["trainable"] = "attention"
+    card = " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, Report.from_json(data))).split())
+    assert "stage 2 fine-tunes only the feature maps (every pretrained weight and the head frozen) on the task" in card

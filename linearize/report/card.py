@@ -406,6 +406,13 @@ def _speed_section(speed):
             f"- Measured on: {lines['measured on']}.", ""]
 
 
+def _stage2_trained(recipe):
+    """What stage 2 of the run with ``recipe`` (a report's resolved recipe) trained, in the card's words."""
+    if (recipe.get("stage2") or {}).get("trainable", "all") == "attention":
+        return "only the feature maps (every pretrained weight and the head frozen)"
+    return "the whole student"
+
+
 def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     """The ``README.md`` model card as a ``huggingface_hub.ModelCard``.
 
@@ -422,15 +429,16 @@ def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     record = conversion_record_of(config)
     lines = _about(repo_id, record, report)
     if report:
+        trained = _stage2_trained(report.recipe)
         if report.task.embedding:
             lines += ["The softmax teacher (the source model as it is) trained this student without labels, in two "
                       "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, stage 2 "
-                      "distils the teacher's pooled, normalised sentence embeddings (mean squared error, Reimers & "
-                      "Gurevych 2020, eq. 1).", ""]
+                      f"trains {trained} to match the teacher's pooled, normalised sentence embeddings (mean squared "
+                      "error, Reimers & Gurevych 2020, eq. 1).", ""]
         elif "student_stage1" in report.scores or "stage1" in report.recipe:
             lines += ["The softmax teacher (the source model fine-tuned on the task) trained this student in two "
                       "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, "
-                      "stage 2 fine-tunes the whole student on the task.", ""]
+                      f"stage 2 fine-tunes {trained} on the task.", ""]
         lines += _recovery_section(report, list(figures))
     else:
         lines += ["## Recovery", "", "This model was pushed without a recovery report.", ""]
