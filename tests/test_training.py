@@ -459,6 +459,11 @@ def test_cli_passes_the_training_options_through(monkeypatch, tmp_path):
     runner.invoke(app, ["finetune", "m", "--out", str(tmp_path / "kd"), *kd])
     assert calls["finetune"]["teacher"] == "t"
     assert (calls["finetune"]["config"].kd_weight, calls["finetune"]["config"].kd_temperature) == (0.5, 3.0)
+    assert calls["finetune"]["config"].trainable == "all"
+    runner.invoke(app, ["finetune", "m", "--out", str(tmp_path / "maps"), "--trainable", "attention"])
+    assert calls["finetune"]["config"].trainable == "attention"
+    result = runner.invoke(app, ["finetune", "m", "--out", str(tmp_path / "bad"), "--trainable", "maps"])
+    assert result.exit_code != 0 and "trainable must be all | attention, got 'maps'" in " ".join(result.output.split())
     help_text = " ".join(runner.invoke(app, ["distill", "--help"]).output.split())
     assert "--no-resume" in help_text
 
