@@ -205,8 +205,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
                            per_layer_before=per_layer, per_layer_after=per_layer, steps=0,
                            extra={"config": config.to_dict()})
 
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
     before = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
@@ -218,8 +217,7 @@ def distill(model, train_loader, config=None, *, eval_loader=None, eval_batches=
     trainer.begin(step, seconds, "stage 1: attention distillation", progress, checkpoint_dir)
     step = _train_feature_maps(model, maps, params, trainer, checkpoint_dir, step, history)
     seconds = trainer.seconds
-    for p in model.parameters():
-        p.requires_grad_(True)
+    model.requires_grad_(True)
     after = attention_distances(model, eval_loader, eval_batches, accelerator.device, config.block_size)
     warning = stage1_warning(method, before, after)
     if warning:

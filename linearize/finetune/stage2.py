@@ -82,10 +82,10 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     output_dir = Path(output_dir)
     best_path = output_dir / BEST_FILE
     task_loss = _task_loss(config, task, teacher, accelerator.device)
-    trained = _trained_parameters(model, config.trainable)
+    _freeze_all_but_trained(model, config.trainable)
     trainer = Trainer(accelerator, train_loader, config, loss_name="fine-tuning: the loss",
                       checkpoint_note=f" in {output_dir}")
-    model = trainer.prepare(_optimizer(model, config, trained), model)
+    model = trainer.prepare(_optimizer(model, config), model)
     run = _FineTuning(model, trainer, task_loss, output_dir, log, resume)
     description = "  dev evaluation" if progress and accelerator.is_main_process else None
     if initial_candidate and not run.resumed:  # a resumed run keeps its candidate (its checkpoint, best.pt)
@@ -101,8 +101,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
         run.end_epoch(metrics, primary)
     trainer.close()
     unwrapped = accelerator.unwrap_model(model)
-    for p in unwrapped.parameters():  # the model leaves as it came: every weight trainable
-        p.requires_grad_(True)
+    unwrapped.requires_grad_(True)  # the model leaves as it came: every weight trainable
     if best_path.is_file():
         unwrapped.load_state_dict(torch.load(best_path, map_location="cpu", weights_only=True))
     dev = evaluate(unwrapped, eval_loader, task, accelerator.device)
@@ -152,24 +151,21 @@ def _task_loss(config, task, teacher, device):
     return loss
 
 
-def _trained_parameters(model, trainable):
-    """The ids of ``model``'s parameters stage 2 trains (``trainable``: all, or attention: the
-    converted attention's own, :func:`~linearize.convert.feature_maps_of`); only they require a
-    gradient from here on. Attention on a model without converted attention is one line."""
+def _freeze_all_but_trained(model, trainable):
+    """Let only the parameters stage 2 trains require a gradient (``trainable``: all, or attention:
+    the converted attention's own, :func:`~linearize.convert.feature_maps_of`). Attention on a
+    model without converted attention is one line."""
     from ..convert import feature_maps_of
 
+    model.requires_grad_(trainable == "all")
     if trainable == "all":
-        trained = list(model.parameters())
-    else:
-        trained = [p for fm in feature_maps_of(model).values() for p in fm.parameters()]
-        if not trained:
-            raise LinearizeError("trainable=attention: the model has no converted attention with weights to train "
-                                 "(a softmax model, or a method without learnable feature maps); use trainable=all")
-    for p in model.parameters():
-        p.requires_grad_(False)
+        return
+    trained = [p for fm in feature_maps_of(model).values() for p in fm.parameters()]
+    if not trained:
+        raise LinearizeError("trainable=attention: the model has no converted attention with weights to train "
+                             "(a softmax model, or a method without learnable feature maps); use trainable=all")
     for p in trained:
         p.requires_grad_(True)
-    return {id(p) for p in trained}
 
 
 def _reaching_trained_weights(loss, model):
@@ -182,12 +178,12 @@ def _reaching_trained_weights(loss, model):
     return loss + sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
 
 
-def _optimizer(model, config, trained):
-    """AdamW over the parameters whose ids are in ``trained``, with ``config.weight_decay`` on the
+def _optimizer(model, config):
+    """AdamW over the parameters that require a gradient, with ``config.weight_decay`` on the
     weight matrices and none on biases and norms."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if id(p) in trained:
+        if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
