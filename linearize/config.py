@@ -75,7 +75,8 @@ LIMITS = {
     "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
-    "kd_temperature": POSITIVE, "trainable": _one_of("all", "attention"),
+    "kd_temperature": POSITIVE, "trainable": _one_of("all", "attention"), "similarity_weight": NON_NEGATIVE,
+    "similarity_temperature": POSITIVE,
     "max_length": _at_least(3, ">= 3 (a text's [CLS] and [SEP] take 2 tokens: at least one is left for the text)"),
     "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
@@ -192,6 +193,23 @@ class FinetuneConfig(TrainingConfig):
     trainable: str = setting(
         "all", "The weights fine-tuned: all, or attention: only the converted attention's own (its feature maps "
                "and hybrid gamma, as stage 1 trains), every pretrained weight and the head left as they are.")
+    similarity_weight: float = setting(
+        0.0, "Embedding tasks: weight b of a term beside the embedding MSE that distils how each text ranks the "
+             "batch's texts (SEED): loss = MSE + b*KL of the similarity distributions (0 = off).")
+    similarity_temperature: float = setting(0.05, "Temperature of that similarity term.")
+
+    def check_task_loss(self, is_embedding, where="stage2."):
+        """``OptionError`` (one line) for a loss term the task's loss cannot take: the logit distillation on an
+        embedding task (its loss already is the distance to the teacher's embeddings), the similarity term
+        on any other task (it compares embeddings). Else ``self``."""
+        if is_embedding and self.kd_weight:
+            raise OptionError(f"{where}kd_weight distils a classifier's logits, and an embedding student has none (its "
+                              f"loss is its distance to the teacher's embeddings): set it to 0; {where}similarity_weight "
+                              "adds a term on how each text ranks the others")
+        if not is_embedding and self.similarity_weight:
+            raise OptionError(f"{where}similarity_weight compares sentence embeddings: it applies to the embeddings task "
+                              "only; set it to 0")
+        return self
 
 
 @dataclass
@@ -318,7 +336,8 @@ class TeacherConfig(FinetuneConfig):
     """Recipe section ``teacher``: the softmax teacher's fine-tuning, stage 2's settings with the
     teacher's defaults (no distillation term: the teacher has no teacher)."""
 
-    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "trainable", "report_to")
+    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "trainable", "similarity_weight", "similarity_temperature",
+                     "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
     attention_dropout: float | None = setting(
@@ -473,7 +492,8 @@ class RunConfig(Config):
         if self.task is not None:  # a data option the task does not read, a data file that is not there
             from .data import CHECKED_OPTIONS, check_task_data
 
-            check_task_data(self.task, **{option: getattr(self.data, option) for option in CHECKED_OPTIONS})
+            _, kind = check_task_data(self.task, **{option: getattr(self.data, option) for option in CHECKED_OPTIONS})
+            self.stage2.check_task_loss(kind == "embeddings")
         return self
 
 

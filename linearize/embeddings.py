@@ -119,3 +119,23 @@ def distillation_loss(student, teacher):
     Multilingual using Knowledge Distillation", eq. 1 (1/|β| Σ_j ‖M(s_j) − M̂(s_j)‖², here with
     student M̂ and teacher M on the same sentence), averaged over the embedding's dimensions too."""
     return torch.nn.functional.mse_loss(student.float(), teacher.float())
+
+
+def similarity_distillation_loss(student, teacher, temperature):
+    """How each text's embedding ranks the batch's texts, distilled (SEED: Fang et al. 2021, "SEED:
+    Self-supervised Distillation for Visual Representation", §3: the student mimics the teacher's
+    similarity distribution over a set of instances, the cross-entropy of the two). Over a batch of ``b``
+    texts with student embeddings ``s_i`` and teacher embeddings ``t_j`` (both L2-normalised), the
+    instances are the batch's teacher embeddings, the text's own among them:
+
+        p_i(j) = softmax_j(t_iᵀt_j / τ),   q_i(j) = softmax_j(s_iᵀt_j / τ),   loss = (1/b) Σ_i KL(p_i ‖ q_i)
+
+    (the cross-entropy less the teacher's entropy, so it is 0 at s = t). The MSE of
+    :func:`distillation_loss` pulls each ``s_i`` toward ``t_i``; this term weighs the directions that
+    change which texts are its nearest neighbours, what a retrieval top-k compares."""
+    functional = torch.nn.functional
+    student = functional.normalize(student.float(), dim=-1)
+    teacher = functional.normalize(teacher.float(), dim=-1)
+    target = torch.softmax(teacher @ teacher.T / temperature, dim=-1)
+    return functional.kl_div(torch.log_softmax(student @ teacher.T / temperature, dim=-1), target,
+                             reduction="batchmean")

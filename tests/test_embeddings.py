@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 import linearize
 from linearize.cli import app
 from linearize.convert.api import convert_checkpoint, load_processor
-from linearize.embeddings import Pooling, distillation_loss, embed, folder_pooling, pool, pooling_from_files
+from linearize.embeddings import (Pooling, distillation_loss, embed, folder_pooling, pool, pooling_from_files,
+                                  similarity_distillation_loss)
 from linearize.metrics import agreement, mean_cosine, similarity_spearman, top_k_overlap
 from linearize.errors import LinearizeError
 
@@ -305,6 +306,68 @@ def test_distillation_loss_is_the_mean_squared_error():
     student, teacher = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
     assert float(distillation_loss(student, student)) == 0.0
     assert float(distillation_loss(student, teacher)) == pytest.approx(1.0)  # (1 + 1) / 2 dimensions
+
+
+def naive_similarity_loss(student, teacher, temperature):
+    """The similarity term written out text by text: KL(p_i ‖ q_i) over the batch's teacher embeddings."""
+    total = 0.0
+    s = [x / x.norm() for x in student.double()]
+    t = [x / x.norm() for x in teacher.double()]
+    for i in range(len(s)):
+        p = torch.softmax(torch.stack([t[i] @ tj for tj in t]) / temperature, 0)
+        q = torch.softmax(torch.stack([s[i] @ tj for tj in t]) / temperature, 0)
+        total += float((p * (p.log() - q.log())).sum())
+    return total / len(s)
+
+
+def test_similarity_distillation_loss_is_the_kl_of_each_texts_similarities_to_the_batch():
+    torch.manual_seed(0)
+    teacher = torch.nn.functional.normalize(torch.randn(6, 16), dim=-1)
+    student = torch.nn.functional.normalize(teacher + 0.3 * torch.randn(6, 16), dim=-1)
+    assert float(similarity_distillation_loss(teacher, teacher, 0.05)) == pytest.approx(0.0, abs=1e-6)
+    for temperature in (0.05, 1.0):
+        value = float(similarity_distillation_loss(student, teacher, temperature))
+        assert value > 0 and value == pytest.approx(naive_similarity_loss(student, teacher, temperature), rel=1e-4)
+    # cosine similarities: the scale of an unnormalised embedding does not change it
+    scaled = student * torch.arange(1, 7).float()[:, None]
+    assert float(similarity_distillation_loss(scaled, teacher, 0.05)) == pytest.approx(
+        float(similarity_distillation_loss(student, teacher, 0.05)), rel=1e-5)
+    # a gradient step on the student lowers it
+    moving = student.clone().requires_grad_(True)
+    loss = similarity_distillation_loss(moving, teacher, 0.05)
+    loss.backward()
+    assert float(similarity_distillation_loss(moving.detach() - 0.01 * moving.grad, teacher, 0.05)) < loss.item()
+
+
+def test_stage2_embedding_loss_adds_the_weighted_similarity_term(tiny_st):
+    from types import SimpleNamespace
+
+    from linearize.config import FinetuneConfig
+    from linearize.finetune.stage2 import _task_loss
+
+    model, tokenizer = T.AutoModel.from_pretrained(tiny_st).eval(), T.AutoTokenizer.from_pretrained(tiny_st)
+    batch = dict(tokenizer(SENTENCES[:6], padding=True, return_tensors="pt"))
+    task = SimpleNamespace(is_embedding=True, embedding=Pooling())
+    with torch.no_grad():
+        student = embed(model, batch, task.embedding)
+        batch["labels"] = torch.nn.functional.normalize(student + 0.1 * torch.randn_like(student), dim=-1)
+        plain = _task_loss(FinetuneConfig(), task, None, torch.device("cpu"))(model, batch)
+        weighted = _task_loss(FinetuneConfig(similarity_weight=0.5, similarity_temperature=0.1), task, None,
+                              torch.device("cpu"))(model, batch)
+    assert float(plain) == pytest.approx(float(distillation_loss(student, batch["labels"])))
+    assert float(weighted) == pytest.approx(float(plain) + 0.5 * float(
+        similarity_distillation_loss(student, batch["labels"], 0.1)), rel=1e-5)
+
+
+@pytest.mark.parametrize("recipe, setting, message", [
+    ("minilm-embeddings", "stage2.kd_weight=0.5", "stage2.kd_weight distils a classifier's logits"),
+    ("minilm-moviereviews", "stage2.similarity_weight=0.5", "stage2.similarity_weight compares sentence embeddings"),
+])
+def test_a_stage2_loss_term_the_task_cannot_take_is_one_line_before_anything_runs(recipe, setting, message, tmp_path):
+    result = runner.invoke(app, ["run", recipe, "--set", setting, "--out", str(tmp_path / "run")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert message in result.output and "[1/6]" not in result.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_sentence_files_split_into_disjoint_train_dev_test(corpus, tmp_path):

@@ -127,11 +127,11 @@ def _rng_kept(device):
 def _task_loss(config, task, teacher, device):
     """``loss(model, batch)``: the model's own task loss; with ``config.kd_weight`` ``a``,
     ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch. An
-    embedding task's loss is the distance of the embeddings to the teacher's (its labels)."""
+    embedding task's loss is the distance of the embeddings to the teacher's (its labels): :func:`_embedding_loss`.
+    A term the task cannot take is a one-line error (``FinetuneConfig.check_task_loss``)."""
+    config.check_task_loss(getattr(task, "is_embedding", False))
     if getattr(task, "is_embedding", False):  # the labels are the teacher's embeddings
-        from ..embeddings import distillation_loss, embed
-
-        return lambda model, batch: distillation_loss(embed(model, batch, task.embedding), batch["labels"])
+        return _embedding_loss(config, task)
     if config.kd_weight and teacher is None:
         raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
     if not config.kd_weight:
@@ -147,6 +147,22 @@ def _task_loss(config, task, teacher, device):
             target = teacher(**{k: v for k, v in batch.items() if k not in ("idx", "labels", "label")}).logits
         return (1 - config.kd_weight) * outputs.loss + config.kd_weight * logit_distillation(
             outputs.logits, target, config.kd_temperature, regression)
+
+    return loss
+
+
+def _embedding_loss(config, task):
+    """``loss(model, batch)`` of an embedding student: the MSE to the teacher's embeddings (the batch's labels),
+    plus ``config.similarity_weight`` times the similarity term (:mod:`linearize.embeddings`)."""
+    from ..embeddings import distillation_loss, embed, similarity_distillation_loss
+
+    def loss(model, batch):
+        student = embed(model, batch, task.embedding)
+        value = distillation_loss(student, batch["labels"])
+        if config.similarity_weight:
+            value = value + config.similarity_weight * similarity_distillation_loss(
+                student, batch["labels"], config.similarity_temperature)
+        return value
 
     return loss
 
