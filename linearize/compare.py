@@ -219,7 +219,9 @@ def summarize(results):
     lengths = sorted({row.seq_len for reports in results.values() for r in reports for row in r.latency.at_lengths})
     rows = [{"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
              "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None,
-             "others": _other_scores(results, "teacher", others), "seeds": len(teacher_by_seed)}]
+             "others": _other_scores(results, "teacher", others), "seeds": len(teacher_by_seed),
+             "per_seed": [_seed_scores(r, "teacher", metric)
+                          for r in {r.seeds["seed"]: r for reports in results.values() for r in reports}.values()]}]
     for label, reports in results.items():
         metric_mean, metric_std = _mean_std([r.scores_of("student")[metric] for r in reports])
         rec_mean, rec_std = _mean_std([r.recovery().per_metric.get(metric) for r in reports])
@@ -236,10 +238,21 @@ def summarize(results):
                                                      if row.seq_len == n])[0] for n in lengths},
                      "own_length_speedup": _mean_std([r.latency.own_lengths.speedup for r in reports
                                                       if r.latency.own_lengths is not None])[0],
-                     "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports)})
+                     "stage1_kept": sum(r.selection.stage1_kept for r in reports), "seeds": len(reports),
+                     "per_seed": [_seed_scores(r, "student", metric) for r in reports]})
     return {"task": first.task.name, "model": first.model.source, "metric": metric, "split": split,
             "latency_seq_len": first.latency.seq_len, "rows": rows, "recipe": first.recipe.get("name"),
             "other_metrics": others, "speedup_lengths": lengths}
+
+
+def _seed_scores(report, stage, metric):
+    """One run's own figures in a row (``per_seed``): its seed, ``stage``'s scores on the report split and, for the
+    student, its recovery, so that tables of comparisons run apart (another folder, another machine) can be pooled
+    from their compare.json alone."""
+    entry = {"seed": report.seeds["seed"], "scores": dict(report.scores_of(stage))}
+    if stage == "student":
+        entry["recovery"] = report.recovery().per_metric.get(metric)
+    return entry
 
 
 def _other_scores(results, stage, names):

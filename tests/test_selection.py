@@ -244,6 +244,10 @@ def test_the_comparison_table_gives_every_score_and_the_speed_up_at_the_longer_l
     assert teacher["others"]["doc_cosine"] == [1.0, 0.0]
     assert student["others"]["doc_cosine"][0] == pytest.approx(0.7)
     assert student["speedups"]["2048"] == pytest.approx(1.6)
+    # each run's own scores, so that tables made apart can be pooled from their JSON alone
+    assert [(entry["seed"], entry["scores"]["cosine"]) for entry in student["per_seed"]] == [(0, 0.9), (1, 0.94)]
+    assert [entry["recovery"] for entry in student["per_seed"]] == pytest.approx([90.0, 94.0])
+    assert [entry["seed"] for entry in teacher["per_seed"]] == [0, 1] and "recovery" not in teacher["per_seed"][0]
     markdown = render(table)
     assert "| top10_overlap | doc_cosine |" in markdown and "| speed-up at 2,048 |" in markdown
     assert "| 0.700 ± 0.141 |" in markdown and "| 1.60× |" in markdown
