@@ -401,3 +401,23 @@ def test_the_card_says_which_weights_stage_2_trained():
     data["recipe"]["stage2"]["trainable"] = "attention"
     card = " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, Report.from_json(data))).split())
     assert "stage 2 fine-tunes only the feature maps (every pretrained weight and the head frozen) on the task" in card
+
+
+def test_an_embedding_students_card_names_the_similarity_term_when_stage_2_used_it():
+    from linearize.report.card import build_card
+
+    data = full_report()
+    data["task"] = dict(data["task"], name="embeddings", embedding=True, metric_names=["cosine", "top10_overlap"],
+                        primary_metric="cosine")
+    split = data["task"].get("report_split", "test")
+    data["scores"] = {"teacher": {split: {"cosine": 1.0, "top10_overlap": 1.0}},
+                      "student": {split: {"cosine": 0.99, "top10_overlap": 0.8}}}
+    data["recipe"]["stage2"] = {**data["recipe"].get("stage2", {}), "similarity_weight": 0.0}
+
+    def card():
+        return " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, Report.from_json(data))).split())
+
+    assert "(mean squared error, Reimers & Gurevych 2020, eq. 1)." in card() and "SEED" not in card()
+    data["recipe"]["stage2"].update(similarity_weight=0.5, similarity_temperature=0.1)
+    assert ("eq. 1) and how each text ranks the other texts of its batch (SEED, Fang et al. 2021: weight 0.5, "
+            "temperature 0.1).") in card()

@@ -413,6 +413,15 @@ def _stage2_trained(recipe):
     return "the whole student"
 
 
+def _similarity_term(recipe):
+    """The card's words for stage 2's similarity term of an embedding student (``stage2.similarity_weight``), or ""."""
+    stage2 = recipe.get("stage2") or {}
+    if not stage2.get("similarity_weight"):
+        return ""
+    return (f" and how each text ranks the other texts of its batch (SEED, Fang et al. 2021: weight "
+            f"{stage2['similarity_weight']:g}, temperature {stage2.get('similarity_temperature', 0.05):g})")
+
+
 def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
     """The ``README.md`` model card as a ``huggingface_hub.ModelCard``.
 
@@ -434,7 +443,7 @@ def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
             lines += ["The softmax teacher (the source model as it is) trained this student without labels, in two "
                       "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, stage 2 "
                       f"trains {trained} to match the teacher's pooled, normalised sentence embeddings (mean squared "
-                      "error, Reimers & Gurevych 2020, eq. 1).", ""]
+                      f"error, Reimers & Gurevych 2020, eq. 1){_similarity_term(report.recipe)}.", ""]
         elif "student_stage1" in report.scores or "stage1" in report.recipe:
             lines += ["The softmax teacher (the source model fine-tuned on the task) trained this student in two "
                       "stages: stage 1 distils the feature maps to reproduce the teacher's attention weights, "
