@@ -195,7 +195,8 @@ class FinetuneConfig(TrainingConfig):
                "and hybrid gamma, as stage 1 trains), every pretrained weight and the head left as they are.")
     similarity_weight: float = setting(
         0.0, "Embedding tasks: weight b of a term beside the embedding MSE that distils how each text ranks the "
-             "batch's texts (SEED): loss = MSE + b*KL of the similarity distributions (0 = off).")
+             "other texts of its batch (CompRess): loss = MSE + b*KL of the similarity distributions (0 = off; "
+             "~0.01 weighs the two alike at the default temperature).")
     similarity_temperature: float = setting(0.05, "Temperature of that similarity term.")
 
     def check_task_loss(self, is_embedding, where="stage2."):

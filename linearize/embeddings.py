@@ -122,20 +122,25 @@ def distillation_loss(student, teacher):
 
 
 def similarity_distillation_loss(student, teacher, temperature):
-    """How each text's embedding ranks the batch's texts, distilled (SEED: Fang et al. 2021, "SEED:
-    Self-supervised Distillation for Visual Representation", §3: the student mimics the teacher's
-    similarity distribution over a set of instances, the cross-entropy of the two). Over a batch of ``b``
-    texts with student embeddings ``s_i`` and teacher embeddings ``t_j`` (both L2-normalised), the
-    instances are the batch's teacher embeddings, the text's own among them:
+    """How each text ranks the other texts of its batch, distilled (CompRess: Abbasi Koohpayegani et al. 2020,
+    "CompRess: Self-Supervised Learning by Compressing Representations", §3, its "1q" form: the student's
+    similarity distribution over anchor points, the teacher's embeddings of other instances, trained toward the
+    teacher's by KL divergence). Over a batch of ``b`` texts with student embeddings ``s_i`` and teacher
+    embeddings ``t_j`` (both L2-normalised), the anchors of text ``i`` are the other texts' ``t_j``:
 
-        p_i(j) = softmax_j(t_iᵀt_j / τ),   q_i(j) = softmax_j(s_iᵀt_j / τ),   loss = (1/b) Σ_i KL(p_i ‖ q_i)
+        p_i(j) = softmax_{j≠i}(t_iᵀt_j / τ),   q_i(j) = softmax_{j≠i}(s_iᵀt_j / τ),   loss = (1/b) Σ_i KL(p_i ‖ q_i)
 
-    (the cross-entropy less the teacher's entropy, so it is 0 at s = t). The MSE of
-    :func:`distillation_loss` pulls each ``s_i`` toward ``t_i``; this term weighs the directions that
-    change which texts are its nearest neighbours, what a retrieval top-k compares."""
+    (0 at s = t). The MSE of :func:`distillation_loss` pulls each ``s_i`` toward ``t_i``; this term weighs the
+    directions that change which texts are its nearest neighbours, what a retrieval top-k compares. The text's
+    own ``t_i`` is left out: with it, ``p_i`` is nearly all on ``i`` and says nothing about the others."""
     functional = torch.nn.functional
+    if len(teacher) < 2:  # a batch of one text (an epoch's last): no other text to rank
+        return student.float().sum() * 0.0
     student = functional.normalize(student.float(), dim=-1)
     teacher = functional.normalize(teacher.float(), dim=-1)
-    target = torch.softmax(teacher @ teacher.T / temperature, dim=-1)
-    return functional.kl_div(torch.log_softmax(student @ teacher.T / temperature, dim=-1), target,
-                             reduction="batchmean")
+    self_pairs = torch.eye(len(teacher), dtype=torch.bool, device=teacher.device)
+    target = torch.log_softmax((teacher @ teacher.T / temperature).masked_fill(self_pairs, float("-inf")), dim=-1)
+    ranked = torch.log_softmax((student @ teacher.T / temperature).masked_fill(self_pairs, float("-inf")), dim=-1)
+    # the self pairs hold -inf in both: zero them so that they add 0 (not nan) to the sum
+    return functional.kl_div(ranked.masked_fill(self_pairs, 0.0), target.masked_fill(self_pairs, 0.0),
+                             reduction="batchmean", log_target=True)

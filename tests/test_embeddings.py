@@ -309,18 +309,19 @@ def test_distillation_loss_is_the_mean_squared_error():
 
 
 def naive_similarity_loss(student, teacher, temperature):
-    """The similarity term written out text by text: KL(p_i ‖ q_i) over the batch's teacher embeddings."""
+    """The similarity term written out text by text: KL(p_i ‖ q_i) over the other texts' teacher embeddings."""
     total = 0.0
     s = [x / x.norm() for x in student.double()]
     t = [x / x.norm() for x in teacher.double()]
     for i in range(len(s)):
-        p = torch.softmax(torch.stack([t[i] @ tj for tj in t]) / temperature, 0)
-        q = torch.softmax(torch.stack([s[i] @ tj for tj in t]) / temperature, 0)
+        others = [tj for j, tj in enumerate(t) if j != i]
+        p = torch.softmax(torch.stack([t[i] @ tj for tj in others]) / temperature, 0)
+        q = torch.softmax(torch.stack([s[i] @ tj for tj in others]) / temperature, 0)
         total += float((p * (p.log() - q.log())).sum())
     return total / len(s)
 
 
-def test_similarity_distillation_loss_is_the_kl_of_each_texts_similarities_to_the_batch():
+def test_similarity_distillation_loss_is_the_kl_of_each_texts_similarities_to_the_other_texts():
     torch.manual_seed(0)
     teacher = torch.nn.functional.normalize(torch.randn(6, 16), dim=-1)
     student = torch.nn.functional.normalize(teacher + 0.3 * torch.randn(6, 16), dim=-1)
@@ -332,6 +333,11 @@ def test_similarity_distillation_loss_is_the_kl_of_each_texts_similarities_to_th
     scaled = student * torch.arange(1, 7).float()[:, None]
     assert float(similarity_distillation_loss(scaled, teacher, 0.05)) == pytest.approx(
         float(similarity_distillation_loss(student, teacher, 0.05)), rel=1e-5)
+    # a batch of one text (an epoch's last) has nothing to rank: 0, with a gradient (zero), never nan
+    alone = student[:1].clone().requires_grad_(True)
+    lonely = similarity_distillation_loss(alone, teacher[:1], 0.05)
+    lonely.backward()
+    assert lonely.item() == 0.0 and torch.equal(alone.grad, torch.zeros_like(alone))
     # a gradient step on the student lowers it
     moving = student.clone().requires_grad_(True)
     loss = similarity_distillation_loss(moving, teacher, 0.05)

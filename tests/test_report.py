@@ -417,7 +417,7 @@ def test_an_embedding_students_card_names_the_similarity_term_when_stage_2_used_
     def card():
         return " ".join(str(build_card("me/tiny", {"linearize": {"method": "luna"}}, Report.from_json(data))).split())
 
-    assert "(mean squared error, Reimers & Gurevych 2020, eq. 1)." in card() and "SEED" not in card()
+    assert "(mean squared error, Reimers & Gurevych 2020, eq. 1)." in card() and "CompRess" not in card()
     data["recipe"]["stage2"].update(similarity_weight=0.5, similarity_temperature=0.1)
-    assert ("eq. 1) and how each text ranks the other texts of its batch (SEED, Fang et al. 2021: weight 0.5, "
-            "temperature 0.1).") in card()
+    assert ("eq. 1) and how each text ranks the other texts of its batch (CompRess, Abbasi Koohpayegani et al. "
+            "2020: weight 0.5, temperature 0.1).") in card()

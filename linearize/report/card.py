@@ -418,7 +418,7 @@ def _similarity_term(recipe):
     stage2 = recipe.get("stage2") or {}
     if not stage2.get("similarity_weight"):
         return ""
-    return (f" and how each text ranks the other texts of its batch (SEED, Fang et al. 2021: weight "
+    return (f" and how each text ranks the other texts of its batch (CompRess, Abbasi Koohpayegani et al. 2020: weight "
             f"{stage2['similarity_weight']:g}, temperature {stage2.get('similarity_temperature', 0.05):g})")
 
 
