@@ -220,8 +220,7 @@ def summarize(results):
     rows = [{"row": "softmax (teacher)", "metric_mean": mean, "metric_std": std, "recovery_mean": 100.0,
              "recovery_std": 0.0, "parameters_added": 0, "kl_mean": 0.0, "latency_ms": None,
              "others": _other_scores(results, "teacher", others), "seeds": len(teacher_by_seed),
-             "per_seed": [_seed_scores(r, "teacher", metric)
-                          for r in {r.seeds["seed"]: r for reports in results.values() for r in reports}.values()]}]
+             "per_seed": [_seed_scores(r, "teacher", metric) for r in _one_run_per_seed(results)]}]
     for label, reports in results.items():
         metric_mean, metric_std = _mean_std([r.scores_of("student")[metric] for r in reports])
         rec_mean, rec_std = _mean_std([r.recovery().per_metric.get(metric) for r in reports])
@@ -245,6 +244,11 @@ def summarize(results):
             "other_metrics": others, "speedup_lengths": lengths}
 
 
+def _one_run_per_seed(results):
+    """One report per seed of ``results`` (the last run of each seed): where the seed's shared teacher is read."""
+    return list({r.seeds["seed"]: r for reports in results.values() for r in reports}.values())
+
+
 def _seed_scores(report, stage, metric):
     """One run's own figures in a row (``per_seed``): its seed, ``stage``'s scores on the report split and, for the
     student, its recovery, so that tables of comparisons run apart (another folder, another machine) can be pooled
@@ -259,7 +263,7 @@ def _other_scores(results, stage, names):
     """``{metric: [mean, std]}`` over the runs of ``results`` of ``stage``'s scores (the teacher's once per seed)
     on the report split, for the metrics ``names`` beside the primary one."""
     if stage == "teacher":
-        runs = list({r.seeds["seed"]: r for reports in results.values() for r in reports}.values())
+        runs = _one_run_per_seed(results)
     else:
         runs = [r for reports in results.values() for r in reports]
     return {name: list(_mean_std([r.scores_of(stage).get(name) for r in runs])) for name in names}

@@ -138,9 +138,9 @@ def similarity_distillation_loss(student, teacher, temperature):
         return student.float().sum() * 0.0
     student = functional.normalize(student.float(), dim=-1)
     teacher = functional.normalize(teacher.float(), dim=-1)
-    self_pairs = torch.eye(len(teacher), dtype=torch.bool, device=teacher.device)
-    target = torch.log_softmax((teacher @ teacher.T / temperature).masked_fill(self_pairs, float("-inf")), dim=-1)
-    ranked = torch.log_softmax((student @ teacher.T / temperature).masked_fill(self_pairs, float("-inf")), dim=-1)
-    # the self pairs hold -inf in both: zero them so that they add 0 (not nan) to the sum
-    return functional.kl_div(ranked.masked_fill(self_pairs, 0.0), target.masked_fill(self_pairs, 0.0),
-                             reduction="batchmean", log_target=True)
+    others = ~torch.eye(len(teacher), dtype=torch.bool, device=teacher.device)  # row i: every j ≠ i
+
+    def ranking(query):  # [b, b - 1]: log softmax of each text's similarities to the other texts' teacher embeddings
+        return torch.log_softmax((query @ teacher.T / temperature)[others].view(len(teacher), -1), dim=-1)
+
+    return functional.kl_div(ranking(student), ranking(teacher), reduction="batchmean", log_target=True)

@@ -129,8 +129,9 @@ def _task_loss(config, task, teacher, device):
     ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch. An
     embedding task's loss is the distance of the embeddings to the teacher's (its labels): :func:`_embedding_loss`.
     A term the task cannot take is a one-line error (``FinetuneConfig.check_task_loss``)."""
-    config.check_task_loss(getattr(task, "is_embedding", False))
-    if getattr(task, "is_embedding", False):  # the labels are the teacher's embeddings
+    is_embedding = getattr(task, "is_embedding", False)
+    config.check_task_loss(is_embedding)
+    if is_embedding:  # the labels are the teacher's embeddings
         return _embedding_loss(config, task)
     if config.kd_weight and teacher is None:
         raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")

@@ -415,11 +415,14 @@ def _stage2_trained(recipe):
 
 def _similarity_term(recipe):
     """The card's words for stage 2's similarity term of an embedding student (``stage2.similarity_weight``), or ""."""
+    from ..config import FinetuneConfig
+
     stage2 = recipe.get("stage2") or {}
     if not stage2.get("similarity_weight"):
         return ""
+    temperature = stage2.get("similarity_temperature", FinetuneConfig.similarity_temperature)  # a recipe may leave it out
     return (f" and how each text ranks the other texts of its batch (CompRess, Abbasi Koohpayegani et al. 2020: weight "
-            f"{stage2['similarity_weight']:g}, temperature {stage2.get('similarity_temperature', 0.05):g})")
+            f"{stage2['similarity_weight']:g}, temperature {temperature:g})")
 
 
 def build_card(repo_id, config, report=None, figures=(), files=(), speed=None):
