@@ -281,8 +281,8 @@ class MeasureConfig(Config):
     memory: bool = setting(True, "Also measure peak extra memory (in this process only: not with --processes).")
     processes: int = setting(
         0, "Whole models (bench long, bench folder): time each model's saved folder in this many fresh processes that load it "
-           "with plain transformers, linearize not imported, glibc's default allocator (the state a user is in; "
-           "medians with the lowest and highest process); 0 = in this process, with the linearize command's "
+           "with plain transformers onto --device in --dtype, linearize not imported, glibc's default allocator (the "
+           "state a user is in; medians with the lowest and highest process); 0 = in this process, with the linearize command's "
            "allocator settings.")
 
 

@@ -99,3 +99,17 @@ def test_both_stages_train_under_bf16_autocast_on_the_machines_device(tmp_path):
                       config=FinetuneConfig(lr=1e-3, batch_size=4, epochs=1, patience=0, mixed_precision="bf16"), **quiet)
     assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in result.history)
     assert result.steps == 4
+
+
+@CUDA
+def test_the_users_processes_time_saved_folders_on_the_gpu(tmp_path):
+    """``bench folder --processes N --device cuda --dtype bf16``: fresh processes load the folder with
+    plain transformers onto the GPU in bf16 (the state a GPU user is in) and time it synchronised."""
+    from linearize.bench.user_state import user_state_rows
+
+    build("bert", head="AutoModel").save_pretrained(tmp_path / "softmax")
+    linearize.save(linearize.convert(build("bert", head="AutoModel"), "hedgehog"), tmp_path / "hedgehog")
+    folders = {"softmax": tmp_path / "softmax", "hedgehog": tmp_path / "hedgehog"}
+    rows = user_state_rows(folders, "softmax", [16], processes=1, threads=1, repeats=2, warmup=1,
+                           device="cuda", dtype="bfloat16")
+    assert all(result["median_ms"] > 0 for result in rows[0]["results"].values())

@@ -74,4 +74,11 @@ def test_bench_folder_times_the_saved_folder_in_a_users_processes(tmp_path):
     info = " ".join(runner.invoke(app, ["info", str(folder)]).output.split())
     assert "medians of 2 fresh" in info and "(a user's state)" in info
     result = runner.invoke(app, ["bench", "folder", str(folder), "--processes", "2", "--clock", "cpu"])
-    assert result.exit_code == 1 and "fp32 on the CPU, wall clock" in result.output
+    assert result.exit_code == 1 and "by the wall clock" in result.output
+
+
+def test_the_users_processes_load_the_folders_in_the_asked_dtype(folders):
+    """A user who loads the folder with ``dtype=torch.bfloat16``: the child processes load it so (the
+    state records it); the same code loads it onto a GPU with ``--device cuda`` (tests/test_devices.py)."""
+    rows = user_state_rows(folders, "softmax", [8], processes=1, threads=1, repeats=1, warmup=0, dtype="bfloat16")
+    assert rows[0]["results"]["hedgehog"]["median_ms"] > 0 and rows[0]["results"]["softmax"]["median_ms"] > 0

@@ -94,7 +94,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
         if processes:  # the folder as saved, beside its softmax original saved as plain transformers
             rows = user_state_measure({softmax_label: softmax, method: directory}, softmax_label, measured,
                                       capped=[softmax_label], processes=processes, threads=threads,
-                                      softmax_max_bytes=softmax_max_bytes, **measure)
+                                      softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
         else:
             rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured, memory=memory,
                                    softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
@@ -104,7 +104,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
               "config": {"seq_lens": wanted, "batch_size": batch_size, **placement.record(), "repeats": repeats,
                          "warmup": warmup, "memory": memory and not processes, "seed": seed,
                          "crossover_rule": CROSSOVER_RULE, "processes": processes,
-                         "state": user_state_note(processes)},
+                         "state": user_state_note(processes, placement)},
               "rows": rows, "skipped_lengths": skipped,
               "crossover": crossovers(rows, [method], softmax_label).get(method)}
     atomic_write_json(directory / FOLDER_BENCH_JSON, record)

@@ -117,12 +117,13 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
 
 
 def user_state_measure(models, reference, seq_lens, *, capped, processes, threads, batch_size, repeats, warmup,
-                       seed, softmax_max_bytes, log=None):
+                       seed, softmax_max_bytes, log=None, placement=CPU):
     """Rows of ``{label: model or saved folder}`` measured as a user's process gets them
     (:mod:`linearize.bench.user_state`): each model saved to a temporary folder (a converted one
     with its remote code, softmax as plain transformers; a folder is timed as it is), then timed in
     ``processes`` fresh processes that load the folders with plain transformers; the labels of
-    ``capped`` skip the lengths where :func:`softmax_skip_reason` says so (``models[reference]``: a model)."""
+    ``capped`` skip the lengths where :func:`softmax_skip_reason` says so (``models[reference]``: a model);
+    each process loads the folders onto ``placement``'s device in its dtype."""
     import tempfile
 
     from ..convert import is_converted, save
@@ -141,7 +142,8 @@ def user_state_measure(models, reference, seq_lens, *, capped, processes, thread
                 folders[label] = Path(root) / f"model{index}"
                 save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
         return user_state_rows(folders, reference, seq_lens, processes=processes, threads=threads or 2,
-                               repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log)
+                               repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log,
+                               device=placement.device, dtype=str(placement.torch_dtype).removeprefix("torch."))
 
 
 def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
@@ -175,7 +177,7 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
         rows = user_state_measure({softmax_label: softmax, **models}, softmax_label, seq_lens,
                                   capped=[softmax_label, *partial], processes=processes, threads=threads,
                                   batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed,
-                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log)
+                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log, placement=placement)
     else:
         rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
                                repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
@@ -265,7 +267,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                    softmax_max_bytes=softmax_max_bytes, seed=seed)
     result = _long_result(out_dir, specs, seq_lens, placement,
                           {**measure, "convert_sliding_window": convert_sliding_window})
-    result["config"]["state"] = user_state_note(processes)
+    result["config"]["state"] = user_state_note(processes, placement)
     started = time.time()
     with measuring(threads) as machine:
         result["machine"] = machine
@@ -287,17 +289,19 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
 
 
 def check_user_state_placement(processes, placement):
-    """``--processes`` times saved folders as a user loads them: fp32 on the CPU, wall clock; one line otherwise."""
-    if processes and (placement.is_cuda or placement.dtype != "fp32" or placement.clock != "wall"):
-        raise LinearizeError("--processes times saved folders as a user loads them: fp32 on the CPU, wall clock; "
-                             "pass --processes 0 for another device, dtype or clock")
+    """``--processes`` times each fresh process by the wall clock (the parent's CPU clock does not
+    count its children's time); one line otherwise."""
+    if processes and placement.clock != "wall":
+        raise LinearizeError("--processes times fresh processes by the wall clock; drop --clock cpu, or pass "
+                             "--processes 0 to time this process's CPU time")
 
 
-def user_state_note(processes):
+def user_state_note(processes, placement=CPU):
     """What state the models were timed in, for ``bench-long.json`` and its markdown."""
     if processes:
+        where = "" if placement == CPU else f" onto {placement.device} in {placement.dtype}"
         return (f"user's process: each model's saved folder loaded with plain transformers (trust_remote_code, "
-                f"linearize not imported) in {processes} fresh processes, glibc's default allocator, "
+                f"linearize not imported){where} in {processes} fresh processes, glibc's default allocator, "
                 "torch.inference_mode; figures are medians over the processes, with the lowest and highest")
     return ("linearize's process: the models in memory in the `linearize bench` process, with the allocator "
             "settings the linearize command applies (linearize.allocator)")

@@ -39,21 +39,28 @@ import torch, transformers
 
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(spec["threads"])
-models = {label: transformers.AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
+models = {label: transformers.AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
           for label, path in spec["folders"].items()}
 vocab = min(m.config.vocab_size for m in models.values())
 
+def synchronize():
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
 def forward(model, inputs):
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    synchronize()
     start = time.perf_counter()
     model(**inputs)
+    synchronize()
     return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 rows = []
 with torch.inference_mode():
     for n in spec["seq_lens"]:
         generator = torch.Generator().manual_seed(spec["seed"] + n)
-        ids = torch.randint(5, vocab, (spec["batch_size"], n), generator=generator)
+        ids = torch.randint(5, vocab, (spec["batch_size"], n), generator=generator).to(device)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         labels = [label for label in spec["order"] if n not in spec["skip"].get(label, [])]
         for _ in range(spec["warmup"]):
@@ -69,6 +76,7 @@ with torch.inference_mode():
                      "faults": {k: statistics.median(v) for k, v in faults.items()}})
 import os
 state = {"linearize_loaded": sys.modules.get("linearize") is not None, "threads": torch.get_num_threads(),
+         "device": str(device), "dtype": spec["dtype"],
          "malloc_settings": sorted(k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
 print(json.dumps({"rows": rows, "state": state}))
 """
@@ -92,19 +100,21 @@ def run_child(spec, timeout=None):
 
 
 def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, repeats=3, warmup=1, batch_size=1,
-                    seed=0, skip=None, log=None):
+                    seed=0, skip=None, log=None, device="cpu", dtype="float32"):
     """Rows as :func:`linearize.bench.measure_lengths` gives them (``results[label]`` with
     ``median_ms`` and ``time_vs_softmax`` against ``reference``), measured in ``processes`` fresh
     processes (module docstring); each result also has ``faults_per_forward`` and, for the
     converted models, ``speedup`` ``{median, lowest, highest, per_process}`` (reference ÷ model).
     ``folders``: ``{label: saved folder}``; ``skip``: ``{label: [lengths not to run]}`` (softmax
-    past its memory cap)."""
+    past its memory cap); ``device`` and ``dtype`` (a torch dtype's name): where and how each process
+    loads the folders (``from_pretrained(..., dtype=dtype).to(device)``; on CUDA each forward is
+    timed between two ``torch.cuda.synchronize`` calls)."""
     if processes < 1:
         raise LinearizeError(f"processes must be >= 1, got {processes}")
     labels = list(folders)
     spec = {"folders": {k: str(v) for k, v in folders.items()}, "seq_lens": [int(n) for n in seq_lens],
             "threads": int(threads), "repeats": int(repeats), "warmup": int(warmup), "batch_size": int(batch_size),
-            "seed": int(seed), "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
+            "seed": int(seed), "device": str(device), "dtype": str(dtype), "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
     runs = []
     for index in range(processes):
         child = run_child({**spec, "order": labels if index % 2 == 0 else labels[::-1]})
