@@ -82,3 +82,24 @@ def test_the_users_processes_load_the_folders_in_the_asked_dtype(folders):
     state records it); the same code loads it onto a GPU with ``--device cuda`` (tests/test_devices.py)."""
     rows = user_state_rows(folders, "softmax", [8], processes=1, threads=1, repeats=1, warmup=0, dtype="bfloat16")
     assert rows[0]["results"]["hedgehog"]["median_ms"] > 0 and rows[0]["results"]["softmax"]["median_ms"] > 0
+
+
+def test_the_users_processes_can_compile_the_models(folders):
+    """``--compile-mode``: each process compiles both models with torch.compile (inductor, the host's
+    compiler) before timing them; the compiled converted model still runs without linearize."""
+    rows = user_state_rows(folders, "softmax", [8], processes=1, threads=1, repeats=1, warmup=1,
+                           compile_mode="default")
+    assert all(result["median_ms"] > 0 for result in rows[0]["results"].values())
+
+
+def test_compile_mode_without_processes_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from linearize.cli import app
+
+    folder = tmp_path / "hedgehog"
+    linearize.save(linearize.convert(build("bert", head="AutoModel"), "hedgehog"), folder)
+    result = CliRunner().invoke(app, ["bench", "folder", str(folder), "--compile-mode", "default"])
+    assert result.exit_code != 0 and "give --processes 1 or more" in result.output
+    result = CliRunner().invoke(app, ["bench", "folder", str(folder), "--processes", "1", "--compile-mode", "fast"])
+    assert result.exit_code != 0 and "compile_mode must be" in " ".join(result.output.split())

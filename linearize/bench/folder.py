@@ -57,7 +57,7 @@ def _measured_lengths(seq_lens, limit, repeats, warmup):
 
 def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, threads=None, repeats=5, warmup=2,
                  memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32", clock="wall",
-                 processes=0):
+                 processes=0, compile_mode=None):
     """A converted model folder against its softmax original (same weights, ``linearize.revert``);
     the result is written atomically to ``directory/bench.json`` and returned.
 
@@ -66,8 +66,9 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     (:func:`linearize.bench.crossover_point`), the ``machine`` it was measured on and when, and
     the ``state`` the models were timed in. ``processes`` > 0: the folder itself and its softmax
     original (saved to a temporary folder as plain transformers) are timed in that many fresh
-    processes of plain transformers, the state a user is in (:mod:`linearize.bench.user_state`);
-    0: in this process, with the models in memory.
+    processes of plain transformers, the state a user is in (:mod:`linearize.bench.user_state`),
+    compiled with ``torch.compile(mode=compile_mode)`` where given; 0: in this process, with the
+    models in memory.
     """
     from ..convert import load, revert, summary
     from .long import check_user_state_placement, user_state_measure, user_state_note
@@ -94,7 +95,8 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
         if processes:  # the folder as saved, beside its softmax original saved as plain transformers
             rows = user_state_measure({softmax_label: softmax, method: directory}, softmax_label, measured,
                                       capped=[softmax_label], processes=processes, threads=threads,
-                                      softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
+                                      softmax_max_bytes=softmax_max_bytes, placement=placement,
+                                      compile_mode=compile_mode, **measure)
         else:
             rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured, memory=memory,
                                    softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
@@ -103,8 +105,8 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
                   timespec="seconds"), "machine": machine,
               "config": {"seq_lens": wanted, "batch_size": batch_size, **placement.record(), "repeats": repeats,
                          "warmup": warmup, "memory": memory and not processes, "seed": seed,
-                         "crossover_rule": CROSSOVER_RULE, "processes": processes,
-                         "state": user_state_note(processes, placement)},
+                         "crossover_rule": CROSSOVER_RULE, "processes": processes, "compile_mode": compile_mode,
+                         "state": user_state_note(processes, placement, compile_mode)},
               "rows": rows, "skipped_lengths": skipped,
               "crossover": crossovers(rows, [method], softmax_label).get(method)}
     atomic_write_json(directory / FOLDER_BENCH_JSON, record)

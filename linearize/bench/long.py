@@ -117,13 +117,14 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
 
 
 def user_state_measure(models, reference, seq_lens, *, capped, processes, threads, batch_size, repeats, warmup,
-                       seed, softmax_max_bytes, log=None, placement=CPU):
+                       seed, softmax_max_bytes, log=None, placement=CPU, compile_mode=None):
     """Rows of ``{label: model or saved folder}`` measured as a user's process gets them
     (:mod:`linearize.bench.user_state`): each model saved to a temporary folder (a converted one
     with its remote code, softmax as plain transformers; a folder is timed as it is), then timed in
     ``processes`` fresh processes that load the folders with plain transformers; the labels of
     ``capped`` skip the lengths where :func:`softmax_skip_reason` says so (``models[reference]``: a model);
-    each process loads the folders onto ``placement``'s device in its dtype."""
+    each process loads the folders onto ``placement``'s device in its dtype (compiled with
+    ``compile_mode`` where given)."""
     import tempfile
 
     from ..convert import is_converted, save
@@ -143,12 +144,13 @@ def user_state_measure(models, reference, seq_lens, *, capped, processes, thread
                 save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
         return user_state_rows(folders, reference, seq_lens, processes=processes, threads=threads or 2,
                                repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log,
-                               device=placement.device, dtype=str(placement.torch_dtype).removeprefix("torch."))
+                               device=placement.device, dtype=str(placement.torch_dtype).removeprefix("torch."),
+                               compile_mode=compile_mode)
 
 
 def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
                    softmax_max_bytes=None, seed=0, log=None, placement=CPU, convert_sliding_window=False,
-                   processes=0, threads=None):
+                   processes=0, threads=None, compile_mode=None):
     """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets.
     ``processes`` > 0: measured in that many fresh processes of plain transformers
     (:func:`user_state_measure`); 0: in this process, with the models in memory."""
@@ -177,7 +179,8 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
         rows = user_state_measure({softmax_label: softmax, **models}, softmax_label, seq_lens,
                                   capped=[softmax_label, *partial], processes=processes, threads=threads,
                                   batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed,
-                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log, placement=placement)
+                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log, placement=placement,
+                                  compile_mode=compile_mode)
     else:
         rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
                                repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
@@ -238,7 +241,8 @@ def _long_result(out_dir, specs, seq_lens, placement, settings):
 @writes_output("out_dir")
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
                    batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False, processes=0):
+                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False, processes=0,
+                   compile_mode=None):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
@@ -248,8 +252,9 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     as :func:`linearize.bench.run_bench`. ``convert_sliding_window``: convert sliding-window layers
     too (ModernBERT's local layers, to windowed linear attention; by default they stay softmax).
     ``processes`` > 0: every model is timed in that many fresh processes that load its saved folder
-    with plain transformers, the state a user is in (:mod:`linearize.bench.user_state`; CPU only);
-    0: in this process. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
+    with plain transformers onto ``device`` in ``dtype``, the state a user is in
+    (:mod:`linearize.bench.user_state`), each compiled with ``torch.compile(mode=compile_mode)``
+    where given; 0: in this process. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
     ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
     ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
     ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
@@ -267,7 +272,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                    softmax_max_bytes=softmax_max_bytes, seed=seed)
     result = _long_result(out_dir, specs, seq_lens, placement,
                           {**measure, "convert_sliding_window": convert_sliding_window})
-    result["config"]["state"] = user_state_note(processes, placement)
+    result["config"]["state"] = user_state_note(processes, placement, compile_mode)
     started = time.time()
     with measuring(threads) as machine:
         result["machine"] = machine
@@ -275,7 +280,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
             model = geometry_model(name, seed) if model is None else model
             result["models"].append(bench_geometry(name, model, specs, seq_lens, **measure, log=log,
                                                    placement=placement, convert_sliding_window=convert_sliding_window,
-                                                   processes=processes, threads=threads))
+                                                   processes=processes, threads=threads, compile_mode=compile_mode))
             result["elapsed_s"] = round(time.time() - started, 1)
             write_long(result)  # after every geometry: a crash keeps the finished ones
     result["complete"] = True
@@ -296,12 +301,13 @@ def check_user_state_placement(processes, placement):
                              "--processes 0 to time this process's CPU time")
 
 
-def user_state_note(processes, placement=CPU):
+def user_state_note(processes, placement=CPU, compile_mode=None):
     """What state the models were timed in, for ``bench-long.json`` and its markdown."""
     if processes:
         where = "" if placement == CPU else f" onto {placement.device} in {placement.dtype}"
+        compiled = f", compiled with torch.compile(mode={compile_mode!r})" if compile_mode else ""
         return (f"user's process: each model's saved folder loaded with plain transformers (trust_remote_code, "
-                f"linearize not imported){where} in {processes} fresh processes, glibc's default allocator, "
+                f"linearize not imported){where}{compiled} in {processes} fresh processes, glibc's default allocator, "
                 "torch.inference_mode; figures are medians over the processes, with the lowest and highest")
     return ("linearize's process: the models in memory in the `linearize bench` process, with the allocator "
             "settings the linearize command applies (linearize.allocator)")

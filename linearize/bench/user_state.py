@@ -42,6 +42,8 @@ torch.set_num_threads(spec["threads"])
 device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
 models = {label: transformers.AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
           for label, path in spec["folders"].items()}
+if spec["compile_mode"]:
+    models = {label: torch.compile(model, mode=spec["compile_mode"]) for label, model in models.items()}
 vocab = min(m.config.vocab_size for m in models.values())
 
 def synchronize():
@@ -76,7 +78,7 @@ with torch.inference_mode():
                      "faults": {k: statistics.median(v) for k, v in faults.items()}})
 import os
 state = {"linearize_loaded": sys.modules.get("linearize") is not None, "threads": torch.get_num_threads(),
-         "device": str(device), "dtype": spec["dtype"],
+         "device": str(device), "dtype": spec["dtype"], "compile_mode": spec["compile_mode"],
          "malloc_settings": sorted(k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
 print(json.dumps({"rows": rows, "state": state}))
 """
@@ -100,7 +102,7 @@ def run_child(spec, timeout=None):
 
 
 def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, repeats=3, warmup=1, batch_size=1,
-                    seed=0, skip=None, log=None, device="cpu", dtype="float32"):
+                    seed=0, skip=None, log=None, device="cpu", dtype="float32", compile_mode=None):
     """Rows as :func:`linearize.bench.measure_lengths` gives them (``results[label]`` with
     ``median_ms`` and ``time_vs_softmax`` against ``reference``), measured in ``processes`` fresh
     processes (module docstring); each result also has ``faults_per_forward`` and, for the
@@ -108,13 +110,15 @@ def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, rep
     ``folders``: ``{label: saved folder}``; ``skip``: ``{label: [lengths not to run]}`` (softmax
     past its memory cap); ``device`` and ``dtype`` (a torch dtype's name): where and how each process
     loads the folders (``from_pretrained(..., dtype=dtype).to(device)``; on CUDA each forward is
-    timed between two ``torch.cuda.synchronize`` calls)."""
+    timed between two ``torch.cuda.synchronize`` calls); ``compile_mode``: each process compiles every
+    model with ``torch.compile(model, mode=compile_mode)`` before its warm-up (None: eager)."""
     if processes < 1:
         raise LinearizeError(f"processes must be >= 1, got {processes}")
     labels = list(folders)
     spec = {"folders": {k: str(v) for k, v in folders.items()}, "seq_lens": [int(n) for n in seq_lens],
             "threads": int(threads), "repeats": int(repeats), "warmup": int(warmup), "batch_size": int(batch_size),
-            "seed": int(seed), "device": str(device), "dtype": str(dtype), "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
+            "seed": int(seed), "device": str(device), "dtype": str(dtype),
+            "compile_mode": compile_mode, "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
     runs = []
     for index in range(processes):
         child = run_child({**spec, "order": labels if index % 2 == 0 else labels[::-1]})

@@ -76,7 +76,7 @@ def _check_input_memory(seq_lens, batch_size, num_heads, head_dim, dtype):
 
 @bench_app.command("attention")
 @friendly_errors
-@config_options(MeasureConfig, exclude=("processes",), into="measure")
+@config_options(MeasureConfig, exclude=("processes", "compile_mode"), into="measure")
 def attention_command(
     out: OutOpt = Path("runs/bench"),
     methods: Annotated[Optional[str], typer.Option(
@@ -101,7 +101,7 @@ def attention_command(
     seq_lens = _ints(seq_lens) if seq_lens else None  # the arguments first: their errors answer before torch loads
     methods = _named(methods, "--methods")
     model_seq_lens = _ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else None
-    settings = _settings(measure, "processes")
+    settings = _settings(measure, "processes", "compile_mode")
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, is_converted_folder, run_bench
 
     _check_input_memory(seq_lens or DEFAULT_SEQ_LENS, measure.batch_size, num_heads, head_dim, measure.dtype)
