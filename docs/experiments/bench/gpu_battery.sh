@@ -9,10 +9,10 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl typer==0.29.2 transformers==5.24.0 #     pydantic pydantic-core annotated-types typing-inspection typing_extensions
 # then: device run `bash docs/experiments/bench/gpu_battery.sh`, carry [".whl"], timeout ~420 s.
 # Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32 kernels
-# bench-long-hybrid user-state.
+# bench-long-hybrid user-state user-state-compiled.
 # The MiniLM checkpoint (80 MB) does not travel: bench long measures its geometry with random weights.
 set -u
-WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32 kernels bench-long-hybrid user-state} "
+WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32 kernels bench-long-hybrid user-state user-state-compiled} "
 RES=/tmp/results; mkdir -p "$RES"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -45,6 +45,14 @@ user_state() {  # saved folders (MiniLM geometry, random weights) timed in 3 fre
 }
 export L RES
 step user-state 150 bash -c "$(declare -f user_state); user_state"
+compiled() {  # the folders user-state made, each fresh process compiling both models (CUDA graphs) first
+  for name in hedgehog hedgehog-w32; do
+    $L bench folder /tmp/$name --device cuda --dtype bf16 --processes 2 --compile-mode reduce-overhead --warmup 3 \
+      --seq-lens 512,4096,16384 || return 1
+    cp /tmp/$name/bench.json "$RES/user-state-$name-compiled.json"
+  done
+}
+step user-state-compiled 300 bash -c "$(declare -f compiled); compiled"
 step kernels 60 python3 docs/experiments/bench/gpu_kernels.py --out "$RES/kernels"
 step bench-long 150 $L bench long --device cuda --dtype bf16 --geometries /tmp/minilm-geometry,modernbert-base --out "$RES/bench-long-cuda"
 step bench-long-hybrid 150 $L bench long --device cuda --dtype bf16 --geometries /tmp/minilm-geometry --out "$RES/bench-long-hybrid" \
