@@ -103,3 +103,5 @@ def test_compile_mode_without_processes_is_one_line(tmp_path):
     assert result.exit_code != 0 and "give --processes 1 or more" in result.output
     result = CliRunner().invoke(app, ["bench", "folder", str(folder), "--processes", "1", "--compile-mode", "fast"])
     assert result.exit_code != 0 and "compile_mode must be" in " ".join(result.output.split())
+    with pytest.raises(LinearizeError, match="give --processes 1 or more"):  # the Python API says so too
+        linearize.bench.bench_folder(folder, compile_mode="default", log=None)

@@ -87,7 +87,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
     placement = Placement.parse(device, dtype, clock)
-    check_user_state_placement(processes, placement)
+    check_user_state_placement(processes, placement, compile_mode)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed, log=log)

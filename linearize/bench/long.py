@@ -265,7 +265,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
                              f"{warmup}")
     specs = method_specs(default_long_methods() if methods is None else methods)
     placement = Placement.parse(device, dtype, clock)
-    check_user_state_placement(processes, placement)
+    check_user_state_placement(processes, placement, compile_mode)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
@@ -293,9 +293,13 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     return result
 
 
-def check_user_state_placement(processes, placement):
+def check_user_state_placement(processes, placement, compile_mode=None):
     """``--processes`` times each fresh process by the wall clock (the parent's CPU clock does not
-    count its children's time); one line otherwise."""
+    count its children's time), and ``compile_mode`` compiles the models in those processes only;
+    one line otherwise."""
+    if compile_mode is not None and not processes:
+        raise LinearizeError("compile_mode compiles the models in the fresh processes of --processes: give "
+                             "--processes 1 or more with it")
     if processes and placement.clock != "wall":
         raise LinearizeError("--processes times fresh processes by the wall clock; drop --clock cpu, or pass "
                              "--processes 0 to time this process's CPU time")
