@@ -87,8 +87,8 @@ LIMITS = {
                         "a list of lengths (each >= 1), or [] for none"),
     "report_to": (valid_report_to, "none or a comma-separated list of " + ", ".join(TRACKER_PACKAGES)),
     "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
-    "clock": _one_of("wall", "cpu"),
-    "compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), "processes": NON_NEGATIVE, "window": NON_NEGATIVE, "gamma": POSITIVE,
+    "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE, "window": NON_NEGATIVE, "gamma": POSITIVE,
+    "compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "sinks": (lambda value: set(value.replace(" ", "").replace("+", ",").split(",")) <= {"none", "first", "last"},
               "none, first, last or first,last"),
     "layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
@@ -289,13 +289,6 @@ class MeasureConfig(Config):
         None, "With --processes: each fresh process compiles every model, softmax too, with torch.compile(model, "
               "mode=MODE) before timing it, as a user may (default, reduce-overhead: CUDA graphs, max-autotune); "
               "warm-up calls pay the compilation, so give --warmup 3 or more.")
-
-    def check(self, where=""):
-        super().check(where)
-        if self.compile_mode is not None and not self.processes:
-            raise OptionError(f"{where}compile_mode compiles the models in the fresh processes of --processes: "
-                              "give --processes 1 or more with it")
-        return self
 
 
 # ---- the recipe's sections ------------------------------------------------------------------------

@@ -79,6 +79,8 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     if about["base_model_type"] == "timm" or "image_size" in json.loads((directory / "config.json").read_text()):
         raise LinearizeError(f"{directory} is a vision model; `linearize bench folder DIR` measures text models "
                              "(token inputs)")
+    placement = Placement.parse(device, dtype, clock)  # the settings' errors before the model loads
+    check_user_state_placement(processes, placement, compile_mode)
     model = load(directory).eval()
     softmax = revert(copy.deepcopy(model)).eval()
     softmax_label = f"softmax ({getattr(softmax.config, '_attn_implementation', None) or 'default'})"
@@ -86,8 +88,6 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     wanted, measured, skipped = _measured_lengths(seq_lens, limit, repeats, warmup)
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
-    placement = Placement.parse(device, dtype, clock)
-    check_user_state_placement(processes, placement, compile_mode)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
     measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed, log=log)
