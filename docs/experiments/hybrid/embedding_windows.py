@@ -13,6 +13,8 @@ Each variant's scores go to ``--out/<variant>.json`` when done (a re-run skips i
     PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows
     PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows \
         --methods hedgehog --windows 64,128 --sinks first,last
+    PYTHONPATH=. python docs/experiments/hybrid/embedding_windows.py --out runs/embedding-windows \
+        --methods hedgehog --windows 128,192 --hybrid-layers 'all;0,1;0,1,2;1,2;0,1,2,3'
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -47,18 +50,26 @@ def sentence_agreement(task, model):
     return agreement(predict(model, loader, task=task.spec)[0], torch.tensor(test["label"]))
 
 
-def variant_scores(task, teacher, method, options, window, args):
+def variant_scores(task, teacher, method, options, window, args, layers=None):
     sinks = args.sinks if window else "none"
     label = f"{method} R={window}" + (f" + {sinks.replace(',', ' + ')}" if window else "")
+    if layers is not None and window:
+        label += " in layers " + "-".join(map(str, layers))
     done = args.out / f"{label.replace(' ', '').replace('=', '').replace('+', '-')}.json"
     if done.is_file():
         return label, json.loads(done.read_text())
     student = teacher if method == "teacher" else convert(copy.deepcopy(teacher), method, window=window,
-                                                        sinks=sinks, **options).eval()
+                                                        sinks=sinks, hybrid_layers=layers if window else None,
+                                                        **options).eval()
     with torch.inference_mode():
         scores = {**sentence_agreement(task, student), **task.document_agreement(student)}
     atomic_write_json(done, scores)
     return label, scores
+
+
+def layer_subsets(text):
+    """``"all;0,1"`` → ``[None, [0, 1]]``: None is every converted layer."""
+    return [None if part.strip() == "all" else [int(i) for i in part.split(",")] for part in text.split(";")]
 
 
 def main(argv=None):
@@ -67,6 +78,8 @@ def main(argv=None):
     parser.add_argument("--methods", default="luna,hedgehog")
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
     parser.add_argument("--sinks", default="first", help="the exact sink tokens beside a window: first, last or first,last")
+    parser.add_argument("--hybrid-layers", default="all", help="';'-separated layer subsets that take the window, "
+                        "e.g. 'all;0,1;0,1,2' (the others pure linear attention)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -78,8 +91,10 @@ def main(argv=None):
     rows = []
     for method in args.methods.split(","):
         options = options_for(method, config.options)  # the recipe's LUNA (M = 16, per head); others their defaults
-        for window in (int(w) for w in args.windows.split(",")):
-            label, scores = variant_scores(task, teacher, method, options, window, args)
+        for window, layers in product((int(w) for w in args.windows.split(",")), layer_subsets(args.hybrid_layers)):
+            if layers is not None and not window:
+                continue  # pure linear attention has no hybrid layers to choose
+            label, scores = variant_scores(task, teacher, method, options, window, args, layers)
             rows.append([label] + [f"{scores[m]:.3f}" for m in METRICS])
             atomic_write_json(args.out / "windows.json", {"rows": rows, "metrics": METRICS})
             atomic_write_text(args.out / "windows.md", markdown_table(["student (untrained)", *METRICS], rows) + "\n")
