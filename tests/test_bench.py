@@ -5,6 +5,8 @@ import json
 
 import torch
 
+from linearize.config import MeasureConfig
+
 
 def test_run_bench_writes_json_markdown_and_plot(tmp_path):
     import transformers as T
@@ -17,7 +19,8 @@ def test_run_bench_writes_json_markdown_and_plot(tmp_path):
     model = T.BertForSequenceClassification(config).eval()
     lines = []
     result = run_bench(tmp_path / "out", methods=["luna", "elu"], seq_lens=(16, 32), num_heads=2, head_dim=8,
-                       repeats=1, warmup=0, threads=1, model=model, model_seq_lens=(8, 128), log=lines.append)
+                       measure=MeasureConfig(repeats=1, warmup=0, threads=1), model=model, model_seq_lens=(8, 128),
+                       log=lines.append)
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["methods"] == ["luna", "elu"]
     assert [row["seq_len"] for row in data["attention"]] == [16, 32]
@@ -42,8 +45,9 @@ def test_run_bench_writes_json_markdown_and_plot(tmp_path):
 def test_eager_is_skipped_beyond_its_memory_budget(tmp_path):
     from linearize.bench import run_bench
 
-    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8, 64), num_heads=1, head_dim=4, repeats=1, warmup=0,
-                       memory=False, eager_max_bytes=2 * 4 * 8 * 8, log=None)
+    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8, 64), num_heads=1, head_dim=4,
+                       measure=MeasureConfig(repeats=1, warmup=0, memory=False), eager_max_bytes=2 * 4 * 8 * 8,
+                       log=None)
     assert "eager" in result["attention"][0]["results"]
     assert "eager" not in result["attention"][1]["results"] and "eager" in result["attention"][1]["skipped"]
     assert "| skipped |" in (tmp_path / "bench.md").read_text() or "skipped" in (tmp_path / "bench.md").read_text()
@@ -55,13 +59,13 @@ def test_cpu_clock_is_recorded_and_an_unknown_clock_is_refused(tmp_path):
     from linearize.bench import run_bench
     from linearize.errors import LinearizeError
 
-    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8,), num_heads=1, head_dim=4, repeats=2, warmup=0,
-                       threads=1, memory=False, log=None, clock="cpu")
+    result = run_bench(tmp_path, methods=["relu"], seq_lens=(8,), num_heads=1, head_dim=4, log=None,
+                       measure=MeasureConfig(repeats=2, warmup=0, threads=1, memory=False, clock="cpu"))
     assert result["config"]["clock"] == "cpu" and "process CPU time" in result["config"]["timing"]
     assert all(entry["runs"] == 2 and entry["median_ms"] >= 0 for entry in result["attention"][0]["results"].values())
     assert "process CPU time" in (tmp_path / "bench.md").read_text()
     with pytest.raises(LinearizeError, match="unknown clock 'gpu'; use one of: wall, cpu"):
-        run_bench(tmp_path, methods=["relu"], seq_lens=(8,), log=None, clock="gpu")
+        run_bench(tmp_path, methods=["relu"], seq_lens=(8,), log=None, measure=MeasureConfig(clock="gpu"))
 
 
 def test_method_list_takes_options_in_parentheses():
@@ -126,8 +130,9 @@ def test_bench_in_bf16_runs_attention_and_model_in_bf16(tmp_path, monkeypatch):
 
     for module in (linearize.bench.attention, linearize.bench.models):  # the attention layer and the whole model
         monkeypatch.setattr(module, "measure_candidates", spy)
-    result = bench.run_bench(tmp_path, methods=["hedgehog"], seq_lens=(16,), num_heads=2, head_dim=8, repeats=1,
-                             warmup=0, memory=False, model=_tiny_bert(), model_seq_lens=(8,), dtype="bf16", log=None)
+    result = bench.run_bench(tmp_path, methods=["hedgehog"], seq_lens=(16,), num_heads=2, head_dim=8,
+                             measure=MeasureConfig(repeats=1, warmup=0, memory=False, dtype="bf16"),
+                             model=_tiny_bert(), model_seq_lens=(8,), log=None)
     assert result["config"]["dtype"] == "bfloat16" and result["config"]["placement"] == "cpu, bfloat16"
     assert seen and set(seen) == {torch.bfloat16}
     assert "cpu, bfloat16" in (tmp_path / "bench.md").read_text()
@@ -140,8 +145,9 @@ def test_bench_on_cuda_times_sdpas_kernels_beside_every_method(tmp_path):
         pytest.skip("needs a CUDA GPU")
     from linearize.bench import SDPA_EFFICIENT, SDPA_FLASH, run_bench
 
-    result = run_bench(tmp_path, methods=["hedgehog", "luna"], seq_lens=(512, 2048), repeats=2, warmup=1,
-                       model=_tiny_bert(), model_seq_lens=(32,), device="cuda", dtype="bf16", log=None)
+    result = run_bench(tmp_path, methods=["hedgehog", "luna"], seq_lens=(512, 2048),
+                       measure=MeasureConfig(repeats=2, warmup=1, device="cuda", dtype="bf16"),
+                       model=_tiny_bert(), model_seq_lens=(32,), log=None)
     for row in result["attention"]:
         assert {"sdpa", SDPA_FLASH, SDPA_EFFICIENT, "hedgehog", "luna"} <= set(row["results"])
         assert all(entry["peak_extra_bytes"] > 0 for entry in row["results"].values())

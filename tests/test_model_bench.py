@@ -9,6 +9,7 @@ import transformers as T
 from typer.testing import CliRunner
 
 from linearize.cli import app
+from linearize.config import MeasureConfig
 
 runner = CliRunner()
 
@@ -68,7 +69,7 @@ def test_long_bench_extends_positions_records_refusals_and_skips(tmp_path):
     # the cap lets SDPA softmax run at 64 and 128 (its N×N mask, N²·4 B = 64 KiB at 128) but not at 256
     result = run_long_bench(tmp_path, geometries={"tiny-bert": bert, "tiny-gpt2": gpt2},
                             methods={RECIPE_LUNA: methods[RECIPE_LUNA], "hedgehog": "hedgehog"},
-                            seq_lens=(128, 64, 256), threads=1, repeats=1, warmup=0,
+                            seq_lens=(128, 64, 256), measure=MeasureConfig(threads=1, repeats=1, warmup=0),
                             softmax_max_bytes=128 * 128 * 4, log=None)
     data = json.loads((tmp_path / "bench-long.json").read_text())
     assert data["config"]["seq_lens"] == [64, 128, 256] and data["targets"]["labels"] == [RECIPE_LUNA, "hedgehog"]
@@ -201,8 +202,9 @@ def test_long_bench_converts_sliding_window_layers_only_when_asked(tmp_path):
     model = T.ModernBertModel(config).eval()
     for convert_sliding_window, layers in ((False, [0]), (True, [0, 1, 2])):
         out = tmp_path / str(convert_sliding_window)
-        run_long_bench(out, geometries={"tiny-modernbert": model}, methods=["t2r"], seq_lens=(16,), threads=1,
-                       repeats=1, warmup=0, memory=False, log=None, convert_sliding_window=convert_sliding_window)
+        run_long_bench(out, geometries={"tiny-modernbert": model}, methods=["t2r"], seq_lens=(16,),
+                       measure=MeasureConfig(threads=1, repeats=1, warmup=0, memory=False), log=None,
+                       convert_sliding_window=convert_sliding_window)
         data = json.loads((out / "bench-long.json").read_text())
         entry = data["models"][0]
         assert data["config"]["convert_sliding_window"] is convert_sliding_window

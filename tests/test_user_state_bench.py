@@ -5,6 +5,7 @@ import pytest
 
 import linearize
 from linearize.bench.user_state import user_environment, user_state_rows
+from linearize.config import MeasureConfig
 from linearize.errors import LinearizeError
 from tiny_models import build
 
@@ -104,4 +105,4 @@ def test_compile_mode_without_processes_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["bench", "folder", str(folder), "--processes", "1", "--compile-mode", "fast"])
     assert result.exit_code != 0 and "compile_mode must be" in " ".join(result.output.split())
     with pytest.raises(LinearizeError, match="give --processes 1 or more"):  # the Python API says so too
-        linearize.bench.bench_folder(folder, compile_mode="default", log=None)
+        linearize.bench.bench_folder(folder, measure=MeasureConfig(compile_mode="default"), log=None)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..config import MeasureConfig
 from ..errors import LinearizeError
 from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text, writes_output
 from .crossover import crossovers
@@ -37,7 +38,7 @@ from .methods import EAGER, SDPA, SDPA_EFFICIENT, SDPA_FLASH, method_specs
 from .models import bench_model
 from .plots import plot
 from .tables import markdown_report
-from .timing import CPU, Placement, measure_candidates, measuring
+from .timing import CPU, checked_placement, loop_settings, measure_candidates, measuring
 
 DEFAULT_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_MODEL_SEQ_LENS = (128, 512)
@@ -158,21 +159,22 @@ def _write_bench(result, out_dir, log):
 
 
 @writes_output("out_dir")
-def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, num_heads=12, head_dim=32,
-              threads=None, repeats=5, warmup=2, model=None, model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *,
-              memory=True, eager_max_bytes=8 * 2**30, seed=0, log=print, device="cpu", dtype="fp32", clock="wall"):
+def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, num_heads=12, head_dim=32, model=None,
+              model_seq_lens=DEFAULT_MODEL_SEQ_LENS, *, measure: MeasureConfig | None = None,
+              eager_max_bytes=8 * 2**30, seed=0, log=print):
     """Benchmark linear attention against softmax; write ``bench.json``, ``bench.md``, ``bench.png``.
 
     ``methods``: method names (default: every registered method but ``softmax``), ``(name,
-    options)`` pairs, or ``{label: name or (name, options)}``. ``threads``: torch intra-op threads
-    for the run (restored after; default: leave as is). ``model``: a Hugging Face model, or a
+    options)`` pairs, or ``{label: name or (name, options)}``. ``model``: a Hugging Face model, or a
     name/folder for ``linearize.convert.loading.load_source_model`` (e.g. ``"minilm"``), or None
-    to skip the whole-model part. ``memory``: also profile peak memory. ``log``: a callable for
-    progress lines (None: silent). ``device`` (``cpu``, ``cuda``) and ``dtype`` (``fp32``, ``bf16``,
-    ``fp16``): where and in what precision everything runs (:class:`linearize.bench.Placement`);
-    on CUDA, SDPA's flash and memory-efficient kernels are measured beside its dispatch. ``clock``:
-    ``"wall"`` (default) or ``"cpu"`` (the process's CPU time: with ``threads=1``, robust to other
-    processes on a shared machine).
+    to skip the whole-model part. ``log``: a callable for progress lines (None: silent).
+    ``measure``: how to measure (:class:`linearize.config.MeasureConfig`; None: its defaults, batch 1,
+    5 repeats after 2 warm-up rounds, peak memory too, fp32 on the CPU by the wall clock, torch's
+    threads left as they are). Its ``device`` and ``dtype`` say where and in what precision everything
+    runs (:class:`linearize.bench.Placement`); on CUDA, SDPA's flash and memory-efficient kernels are
+    measured beside its dispatch; ``clock="cpu"`` with ``threads=1`` is robust to other processes on
+    a shared machine. Everything runs in this process: ``processes`` and ``compile_mode`` are refused
+    (they are :func:`linearize.bench.run_long_bench`'s and :func:`linearize.bench.bench_folder`'s).
 
     Returns the dict written to ``bench.json``: ``machine``, ``config``, ``methods``,
     ``attention`` (one row per length: ``results[label]`` with ``median_ms``, ``min_ms``,
@@ -181,28 +183,29 @@ def run_bench(out_dir, methods=None, seq_lens=DEFAULT_SEQ_LENS, batch_size=1, nu
     """
     seq_lens = [int(n) for n in seq_lens]
     model_seq_lens = [int(n) for n in model_seq_lens or ()]
-    if repeats < 1 or warmup < 0:
-        raise LinearizeError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    measure = MeasureConfig() if measure is None else measure
+    placement = checked_placement(measure)  # a bad setting fails before any timing
+    if measure.processes or measure.compile_mode is not None:
+        raise LinearizeError("run_bench times in this process: processes and compile_mode are for run_long_bench "
+                             "and bench_folder (linearize bench long | folder)")
     if not seq_lens or min(seq_lens) < 1:
         raise LinearizeError(f"seq_lens must be positive lengths, got {seq_lens}")
     specs = method_specs(methods)
-    placement = Placement.parse(device, dtype, clock)  # a bad device, dtype or clock fails before any timing
     labels = [label for label, _, _ in specs]
-    measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory, seed=seed, log=log,
-                   placement=placement)
-    with measuring(threads) as machine:
+    timed = dict(loop_settings(measure), seed=seed, log=log, placement=placement)
+    with measuring(measure.threads) as machine:
         started = time.time()
         attention = bench_attention(specs, seq_lens, num_heads=num_heads, head_dim=head_dim,
-                                    eager_max_bytes=eager_max_bytes, **measure)
+                                    eager_max_bytes=eager_max_bytes, **timed)
         model_part = None
         if model is not None and model_seq_lens:
-            info, rows = bench_model(model, specs, model_seq_lens, **measure)
+            info, rows = bench_model(model, specs, model_seq_lens, **timed)
             model_part = {"info": info, "rows": rows, "crossover": crossovers(rows, labels, info["softmax_label"])}
-    config = {"seq_lens": seq_lens, "batch_size": batch_size, "num_heads": num_heads, "head_dim": head_dim,
-              **placement.record(), "repeats": repeats, "warmup": warmup, "memory": memory,
+    config = {"seq_lens": seq_lens, "batch_size": measure.batch_size, "num_heads": num_heads, "head_dim": head_dim,
+              **placement.record(), "repeats": measure.repeats, "warmup": measure.warmup, "memory": measure.memory,
               "eager_max_bytes": eager_max_bytes, "seed": seed, "model_seq_lens": model_seq_lens,
               "methods": {label: {"method": name, "options": options} for label, name, options in specs},
-              **_method_notes(placement, clock)}
+              **_method_notes(placement, measure.clock)}
     result = {"machine": machine, "config": config, "methods": labels, "attention": attention,
               "crossover": crossovers(attention, labels), "model": model_part,
               "elapsed_s": round(time.time() - started, 1)}

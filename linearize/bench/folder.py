@@ -15,12 +15,13 @@ import datetime
 import json
 from pathlib import Path
 
+from ..config import MeasureConfig
 from ..convert.loading import FOLDER_BENCH_JSON
 from ..errors import LinearizeError
 from ..outputs import atomic_write_json, check_writable_inside
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
 from .models import accepted_length, default_softmax_max_bytes, measure_lengths
-from .timing import Placement, measuring
+from .timing import checked_placement, loop_settings, measuring
 
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
 #: the ``kind`` of that file (kept as first written, so earlier measurements still read)
@@ -40,12 +41,12 @@ def is_converted_folder(path):
     return True
 
 
-def _measured_lengths(seq_lens, limit, repeats, warmup):
+def _measured_lengths(seq_lens, limit):
     """``(wanted, measured, skipped)``: the lengths asked for (sorted), those the model's ``limit``
     of positions takes, and ``{length: why not}`` for the others."""
     wanted = sorted({int(n) for n in seq_lens})
-    if not wanted or wanted[0] < 1 or repeats < 1 or warmup < 0:
-        raise LinearizeError(f"lengths must be positive, repeats ≥ 1 and warmup ≥ 0; got {wanted}, {repeats}, {warmup}")
+    if not wanted or wanted[0] < 1:
+        raise LinearizeError(f"lengths must be positive; got {wanted}")
     measured = [n for n in wanted if limit is None or n <= int(limit)]
     skipped = {str(n): f"longer than the model's {limit} positions (convert with --max-length N to go further)"
                for n in wanted if n not in measured}
@@ -55,20 +56,20 @@ def _measured_lengths(seq_lens, limit, repeats, warmup):
     return wanted, measured, skipped
 
 
-def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, threads=None, repeats=5, warmup=2,
-                 memory=True, softmax_max_bytes=None, seed=0, log=print, device="cpu", dtype="fp32", clock="wall",
-                 processes=0, compile_mode=None):
+def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: MeasureConfig | None = None,
+                 softmax_max_bytes=None, seed=0, log=print):
     """A converted model folder against its softmax original (same weights, ``linearize.revert``);
     the result is written atomically to ``directory/bench.json`` and returned.
 
-    Lengths past the model's positions are skipped with the reason (``skipped_lengths``). The
-    record holds the rows (as :func:`linearize.bench.measure_lengths`), the ``crossover``
-    (:func:`linearize.bench.crossover_point`), the ``machine`` it was measured on and when, and
-    the ``state`` the models were timed in. ``processes`` > 0: the folder itself and its softmax
-    original (saved to a temporary folder as plain transformers) are timed in that many fresh
-    processes of plain transformers, the state a user is in (:mod:`linearize.bench.user_state`),
-    compiled with ``torch.compile(mode=compile_mode)`` where given; 0: in this process, with the
-    models in memory.
+    ``measure``: how to measure (:class:`linearize.config.MeasureConfig`; None: its defaults, 5
+    repeats after 2 warm-up rounds). Lengths past the model's positions are skipped with the reason
+    (``skipped_lengths``). The record holds the rows (as :func:`linearize.bench.measure_lengths`),
+    the ``crossover`` (:func:`linearize.bench.crossover_point`), the ``machine`` it was measured on
+    and when, and the ``state`` the models were timed in. ``measure.processes`` > 0: the folder
+    itself and its softmax original (saved to a temporary folder as plain transformers) are timed
+    in that many fresh processes of plain transformers, the state a user is in
+    (:mod:`linearize.bench.user_state`), compiled with ``torch.compile(mode=measure.compile_mode)``
+    where given; 0: in this process, with the models in memory.
     """
     from ..convert import load, revert, summary
     from .long import check_user_state_placement, user_state_measure, user_state_note
@@ -79,32 +80,33 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, batch_size=1, t
     if about["base_model_type"] == "timm" or "image_size" in json.loads((directory / "config.json").read_text()):
         raise LinearizeError(f"{directory} is a vision model; `linearize bench folder DIR` measures text models "
                              "(token inputs)")
-    placement = Placement.parse(device, dtype, clock)  # the settings' errors before the model loads
+    measure = MeasureConfig() if measure is None else measure
+    placement = checked_placement(measure)  # the settings' errors before the model loads
+    processes, compile_mode = measure.processes, measure.compile_mode
     check_user_state_placement(processes, placement, compile_mode)
     model = load(directory).eval()
     softmax = revert(copy.deepcopy(model)).eval()
     softmax_label = f"softmax ({getattr(softmax.config, '_attn_implementation', None) or 'default'})"
     limit = accepted_length(model)
-    wanted, measured, skipped = _measured_lengths(seq_lens, limit, repeats, warmup)
+    wanted, measured, skipped = _measured_lengths(seq_lens, limit)
     if skipped and log:
         log(f"skipped N = {', '.join(skipped)}: longer than the model's {limit} positions")
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     method = about["method"]
-    measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed, log=log)
-    with measuring(threads) as machine:
+    timed = dict(softmax_max_bytes=softmax_max_bytes, seed=seed, log=log, placement=placement)
+    with measuring(measure.threads) as machine:
         if processes:  # the folder as saved, beside its softmax original saved as plain transformers
             rows = user_state_measure({softmax_label: softmax, method: directory}, softmax_label, measured,
-                                      capped=[softmax_label], processes=processes, threads=threads,
-                                      softmax_max_bytes=softmax_max_bytes, placement=placement,
-                                      compile_mode=compile_mode, **measure)
+                                      capped=[softmax_label], measure=measure, **timed)
         else:
-            rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured, memory=memory,
-                                   softmax_max_bytes=softmax_max_bytes, placement=placement, **measure)
+            rows = measure_lengths({softmax_label: softmax, method: model}, softmax_label, measured,
+                                   **loop_settings(measure), **timed)
     record = {"kind": FOLDER_BENCH_KIND, "version": 1, "method": method, "options": about["options"],
               "reference": softmax_label, "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds"), "machine": machine,
-              "config": {"seq_lens": wanted, "batch_size": batch_size, **placement.record(), "repeats": repeats,
-                         "warmup": warmup, "memory": memory and not processes, "seed": seed,
+              "config": {"seq_lens": wanted, "batch_size": measure.batch_size, **placement.record(),
+                         "repeats": measure.repeats, "warmup": measure.warmup,
+                         "memory": measure.memory and not processes, "seed": seed,
                          "crossover_rule": CROSSOVER_RULE, "processes": processes, "compile_mode": compile_mode,
                          "state": user_state_note(processes, placement, compile_mode)},
               "rows": rows, "skipped_lengths": skipped,

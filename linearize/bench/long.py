@@ -22,13 +22,14 @@ from pathlib import Path
 
 import torch
 
+from ..config import MeasureConfig
 from ..errors import LinearizeError
 from ..outputs import atomic_write_json, atomic_write_text, writes_output
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
 from .methods import method_specs
 from .models import default_softmax_max_bytes, learned_positions, measure_lengths, model_info
 from .tables import long_markdown
-from .timing import CPU, Placement, measuring
+from .timing import CPU, checked_placement, loop_settings, measuring
 
 DEFAULT_LONG_SEQ_LENS = (512, 2048, 4096, 8192, 16384)
 DEFAULT_GEOMETRIES = ("minilm", "modernbert-base")
@@ -38,6 +39,9 @@ RECIPE_LUNA = "luna (recipe)"
 #: Hedgehog and the default recipe's LUNA
 LONG_TARGETS = {2048: 1.5, 4096: 2.5, 8192: 4.0}
 LONG_FILES = ("bench-long.json", "bench-long.md")
+#: how :func:`run_long_bench` measures when given no ``measure``: 3 repeats after 1 warm-up round (whole
+#: models at long lengths take long), otherwise :class:`~linearize.config.MeasureConfig`'s defaults
+LONG_MEASURE = MeasureConfig(repeats=3, warmup=1)
 GEOMETRY_NOTES = {
     "minilm": "all-MiniLM-L6-v2 (pretrained weights), 512 learned positions extended by linearize.convert's tiling",
     "modernbert-base": "ModernBERT-base geometry (transformers' ModernBertConfig defaults: hidden 768, 22 layers, "
@@ -116,15 +120,15 @@ def converted_copies(base, specs, max_length, seed=0, convert_sliding_window=Fal
     return models, refused, layers, partial
 
 
-def user_state_measure(models, reference, seq_lens, *, capped, processes, threads, batch_size, repeats, warmup,
-                       seed, softmax_max_bytes, log=None, placement=CPU, compile_mode=None):
+def user_state_measure(models, reference, seq_lens, *, capped, measure, seed, softmax_max_bytes, log=None,
+                       placement=CPU):
     """Rows of ``{label: model or saved folder}`` measured as a user's process gets them
     (:mod:`linearize.bench.user_state`): each model saved to a temporary folder (a converted one
     with its remote code, softmax as plain transformers; a folder is timed as it is), then timed in
-    ``processes`` fresh processes that load the folders with plain transformers; the labels of
+    ``measure.processes`` fresh processes that load the folders with plain transformers; the labels of
     ``capped`` skip the lengths where :func:`softmax_skip_reason` says so (``models[reference]``: a model);
     each process loads the folders onto ``placement``'s device in its dtype (compiled with
-    ``compile_mode`` where given)."""
+    ``measure.compile_mode`` where given)."""
     import tempfile
 
     from ..convert import is_converted, save
@@ -133,7 +137,7 @@ def user_state_measure(models, reference, seq_lens, *, capped, processes, thread
 
     first = models[reference]
     skip = {label: [n for n in seq_lens if softmax_max_bytes is not None and
-                    softmax_skip_reason(first, batch_size, n, softmax_max_bytes)] for label in capped}
+                    softmax_skip_reason(first, measure.batch_size, n, softmax_max_bytes)] for label in capped}
     with tempfile.TemporaryDirectory(prefix="linearize-bench-") as root:
         folders = {}
         for index, (label, model) in enumerate(models.items()):
@@ -142,17 +146,18 @@ def user_state_measure(models, reference, seq_lens, *, capped, processes, thread
             else:
                 folders[label] = Path(root) / f"model{index}"
                 save(model, folders[label]) if is_converted(model) else model.save_pretrained(folders[label])
-        return user_state_rows(folders, reference, seq_lens, processes=processes, threads=threads or 2,
-                               repeats=repeats, warmup=warmup, batch_size=batch_size, seed=seed, skip=skip, log=log,
-                               device=placement.device, dtype=str(placement.torch_dtype).removeprefix("torch."),
-                               compile_mode=compile_mode)
+        return user_state_rows(folders, reference, seq_lens, processes=measure.processes, threads=measure.threads or 2,
+                               repeats=measure.repeats, warmup=measure.warmup, batch_size=measure.batch_size,
+                               seed=seed, skip=skip, log=log, device=placement.device,
+                               dtype=str(placement.torch_dtype).removeprefix("torch."),
+                               compile_mode=measure.compile_mode)
 
 
-def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warmup=2, memory=True,
-                   softmax_max_bytes=None, seed=0, log=None, placement=CPU, convert_sliding_window=False,
-                   processes=0, threads=None, compile_mode=None):
-    """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets.
-    ``processes`` > 0: measured in that many fresh processes of plain transformers
+def bench_geometry(name, base, specs, seq_lens, *, measure=LONG_MEASURE, softmax_max_bytes=None, seed=0, log=None,
+                   placement=CPU, convert_sliding_window=False):
+    """One geometry's entry of ``bench-long.json``: info, refused methods, rows, crossovers, targets,
+    measured as ``measure`` says (:class:`~linearize.config.MeasureConfig`; ``placement``: its checked
+    placement). ``measure.processes`` > 0: in that many fresh processes of plain transformers
     (:func:`user_state_measure`); 0: in this process, with the models in memory."""
     from ..convert.positions import extend_positions
 
@@ -175,16 +180,14 @@ def bench_geometry(name, base, specs, seq_lens, *, batch_size=1, repeats=5, warm
         info["positions"]["note"] = (f"lengths past config.max_position_embeddings={limit} run on positions that "
                                      "are not a learned table (ModernBERT's rotary positions: computed for any N)")
     geometry_log = log and (lambda line: log(f"{name}: {line}"))
-    if processes:
-        rows = user_state_measure({softmax_label: softmax, **models}, softmax_label, seq_lens,
-                                  capped=[softmax_label, *partial], processes=processes, threads=threads,
-                                  batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed,
-                                  softmax_max_bytes=softmax_max_bytes, log=geometry_log, placement=placement,
-                                  compile_mode=compile_mode)
+    measured = dict(capped=[softmax_label, *partial], softmax_max_bytes=softmax_max_bytes, seed=seed,
+                    placement=placement, log=geometry_log)
+    if measure.processes:
+        rows = user_state_measure({softmax_label: softmax, **models}, softmax_label, seq_lens, measure=measure,
+                                  **measured)
     else:
-        rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, batch_size=batch_size,
-                               repeats=repeats, warmup=warmup, memory=memory, softmax_max_bytes=softmax_max_bytes,
-                               capped=[softmax_label, *partial], seed=seed, placement=placement, log=geometry_log)
+        rows = measure_lengths({softmax_label: softmax, **models}, softmax_label, seq_lens, **loop_settings(measure),
+                               **measured)
     labels = list(models)
     return {"geometry": name, "info": info, "methods": labels, "refused": refused, "rows": rows,
             "crossover": crossovers(rows, labels, softmax_label),
@@ -223,12 +226,12 @@ def _target(reference, measured, need):
 
 # ---- the run ---------------------------------------------------------------------------------------
 
-def _long_result(out_dir, specs, seq_lens, placement, settings):
-    """``bench-long.json``'s skeleton before any geometry is measured (``settings``: batch size,
-    repeats, warm-up, memory, memory cap, seed, sliding-window conversion)."""
+def _long_result(out_dir, specs, seq_lens, placement, measure, settings):
+    """``bench-long.json``'s skeleton before any geometry is measured (``measure``: the
+    :class:`~linearize.config.MeasureConfig`; ``settings``: memory cap, seed, sliding-window conversion)."""
     out_dir = Path(out_dir)
-    config = {"seq_lens": seq_lens, "batch_size": settings["batch_size"], **placement.record(),
-              "repeats": settings["repeats"], "warmup": settings["warmup"], "memory": settings["memory"],
+    config = {"seq_lens": seq_lens, "batch_size": measure.batch_size, **placement.record(),
+              "repeats": measure.repeats, "warmup": measure.warmup, "memory": measure.memory,
               "softmax_max_bytes": settings["softmax_max_bytes"], "seed": settings["seed"],
               "convert_sliding_window": bool(settings["convert_sliding_window"]),
               "methods": {label: {"method": name, "options": options} for label, name, options in specs},
@@ -240,47 +243,45 @@ def _long_result(out_dir, specs, seq_lens, placement, settings):
 
 @writes_output("out_dir")
 def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_lens=DEFAULT_LONG_SEQ_LENS, *,
-                   batch_size=1, threads=None, repeats=3, warmup=1, memory=True, softmax_max_bytes=None, seed=0,
-                   log=print, device="cpu", dtype="fp32", clock="wall", convert_sliding_window=False, processes=0,
-                   compile_mode=None):
+                   measure: MeasureConfig | None = None, softmax_max_bytes=None, seed=0, log=print,
+                   convert_sliding_window=False):
     """Whole models against softmax SDPA at long lengths; write ``bench-long.json`` and ``bench-long.md``.
 
     ``geometries``: names for :func:`geometry_model` or ``{name: model}``. ``methods``: as
     :func:`linearize.bench.run_bench` takes them (default :func:`default_long_methods`).
     ``softmax_max_bytes``: the memory cap of :func:`linearize.bench.softmax_skip_reason` (default:
-    half the machine's memory; on CUDA half the GPU's). ``device`` / ``dtype`` / ``clock``:
-    as :func:`linearize.bench.run_bench`. ``convert_sliding_window``: convert sliding-window layers
-    too (ModernBERT's local layers, to windowed linear attention; by default they stay softmax).
-    ``processes`` > 0: every model is timed in that many fresh processes that load its saved folder
-    with plain transformers onto ``device`` in ``dtype``, the state a user is in
-    (:mod:`linearize.bench.user_state`), each compiled with ``torch.compile(mode=compile_mode)``
-    where given; 0: in this process. Returns the dict written to ``bench-long.json``: ``machine``, ``config``,
-    ``targets`` and ``models`` (per geometry: ``info``, ``refused`` {label: convert's reason},
-    ``rows`` (per length ``results[label]`` with ``median_ms``, ``time_vs_softmax``,
-    ``peak_extra_bytes``, and ``skipped``), ``crossover`` and ``targets``).
+    half the machine's memory; on CUDA half the GPU's). ``convert_sliding_window``: convert
+    sliding-window layers too (ModernBERT's local layers, to windowed linear attention; by default
+    they stay softmax). ``measure``: how to measure (:class:`linearize.config.MeasureConfig`; None:
+    :data:`LONG_MEASURE`, 3 repeats after 1 warm-up round); its ``device`` / ``dtype`` / ``clock`` as
+    :func:`linearize.bench.run_bench` takes them. ``measure.processes`` > 0: every model is timed in
+    that many fresh processes that load its saved folder with plain transformers onto the device in
+    the dtype, the state a user is in (:mod:`linearize.bench.user_state`), each compiled with
+    ``torch.compile(mode=measure.compile_mode)`` where given; 0: in this process. Returns the dict
+    written to ``bench-long.json``: ``machine``, ``config``, ``targets`` and ``models`` (per
+    geometry: ``info``, ``refused`` {label: convert's reason}, ``rows`` (per length
+    ``results[label]`` with ``median_ms``, ``time_vs_softmax``, ``peak_extra_bytes``, and
+    ``skipped``), ``crossover`` and ``targets``).
     """
     seq_lens = sorted({int(n) for n in seq_lens})
-    if not seq_lens or seq_lens[0] < 1 or repeats < 1 or warmup < 0:
-        raise LinearizeError(f"lengths must be positive, repeats ≥ 1 and warmup ≥ 0; got {seq_lens}, {repeats}, "
-                             f"{warmup}")
+    if not seq_lens or seq_lens[0] < 1:
+        raise LinearizeError(f"lengths must be positive; got {seq_lens}")
+    measure = LONG_MEASURE if measure is None else measure
     specs = method_specs(default_long_methods() if methods is None else methods)
-    placement = Placement.parse(device, dtype, clock)
-    check_user_state_placement(processes, placement, compile_mode)
+    placement = checked_placement(measure)
+    check_user_state_placement(measure.processes, placement, measure.compile_mode)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
-    measure = dict(batch_size=batch_size, repeats=repeats, warmup=warmup, memory=memory,
-                   softmax_max_bytes=softmax_max_bytes, seed=seed)
-    result = _long_result(out_dir, specs, seq_lens, placement,
-                          {**measure, "convert_sliding_window": convert_sliding_window})
-    result["config"]["state"] = user_state_note(processes, placement, compile_mode)
+    settings = dict(softmax_max_bytes=softmax_max_bytes, seed=seed, convert_sliding_window=convert_sliding_window)
+    result = _long_result(out_dir, specs, seq_lens, placement, measure, settings)
+    result["config"]["state"] = user_state_note(measure.processes, placement, measure.compile_mode)
     started = time.time()
-    with measuring(threads) as machine:
+    with measuring(measure.threads) as machine:
         result["machine"] = machine
         for name, model in named:
             model = geometry_model(name, seed) if model is None else model
-            result["models"].append(bench_geometry(name, model, specs, seq_lens, **measure, log=log,
-                                                   placement=placement, convert_sliding_window=convert_sliding_window,
-                                                   processes=processes, threads=threads, compile_mode=compile_mode))
+            result["models"].append(bench_geometry(name, model, specs, seq_lens, measure=measure, log=log,
+                                                   placement=placement, **settings))
             result["elapsed_s"] = round(time.time() - started, 1)
             write_long(result)  # after every geometry: a crash keeps the finished ones
     result["complete"] = True

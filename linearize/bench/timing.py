@@ -135,6 +135,23 @@ class Placement:
 CPU = Placement()
 
 
+def checked_placement(measure):
+    """The :class:`Placement` of a :class:`linearize.config.MeasureConfig`, the settings checked
+    first: a bad device, dtype or clock is :meth:`Placement.parse`'s one line, any other bad
+    setting :meth:`MeasureConfig.check <linearize.config.Config.check>`'s."""
+    placement = Placement.parse(measure.device, measure.dtype, measure.clock)
+    measure.check()
+    return placement
+
+
+def loop_settings(measure):
+    """A :class:`linearize.config.MeasureConfig`'s settings that the in-process timing loops take
+    as keywords (:func:`linearize.bench.bench_attention`, :func:`linearize.bench.bench_model`,
+    :func:`linearize.bench.measure_lengths`)."""
+    return {"batch_size": measure.batch_size, "repeats": measure.repeats, "warmup": measure.warmup,
+            "memory": measure.memory}
+
+
 # ---- the machine during a run ----------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -49,11 +49,6 @@ def _named(text, option):
     return text
 
 
-def _settings(measure, *drop):
-    """The checked measurement settings as keyword arguments, less the fields in ``drop``."""
-    return {k: v for k, v in measure.check().to_dict().items() if k not in drop}
-
-
 def _gib_bytes(gib):
     """``--softmax-max-gib`` in bytes; not above 0 (nothing would be measured) is one line."""
     if gib is not None and not gib > 0:
@@ -101,7 +96,7 @@ def attention_command(
     seq_lens = _ints(seq_lens) if seq_lens else None  # the arguments first: their errors answer before torch loads
     methods = _named(methods, "--methods")
     model_seq_lens = _ints(model_seq_lens, "--model-seq-lens") if model_seq_lens else None
-    settings = _settings(measure, "processes", "compile_mode")
+    measure.check()
     from ..bench import DEFAULT_MODEL_SEQ_LENS, DEFAULT_SEQ_LENS, is_converted_folder, run_bench
 
     _check_input_memory(seq_lens or DEFAULT_SEQ_LENS, measure.batch_size, num_heads, head_dim, measure.dtype)
@@ -112,7 +107,8 @@ def attention_command(
     with writing_output(out):
         result = run_bench(out, methods=methods or None, seq_lens=seq_lens or DEFAULT_SEQ_LENS, num_heads=num_heads,
                            head_dim=head_dim, model=None if (model or "none").lower() == "none" else model,
-                           model_seq_lens=model_seq_lens or DEFAULT_MODEL_SEQ_LENS, **settings, log=console.print)
+                           model_seq_lens=model_seq_lens or DEFAULT_MODEL_SEQ_LENS, measure=measure,
+                           log=console.print)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
 
 
@@ -142,13 +138,14 @@ def long_command(
     """
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
     methods, geometries = _named(methods, "--methods"), _named(geometries, "--geometries")
-    settings, softmax_max_bytes = _settings(measure), _gib_bytes(softmax_max_gib)
+    measure.check()
+    softmax_max_bytes = _gib_bytes(softmax_max_gib)
     from ..bench import run_long_bench  # after the arguments' checks: they answer before torch loads
 
     with writing_output(out):
         result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
                                 methods=methods or None, softmax_max_bytes=softmax_max_bytes,
-                                convert_sliding_window=convert_sliding_window, **lengths, **settings,
+                                convert_sliding_window=convert_sliding_window, **lengths, measure=measure,
                                 log=console.print)
     console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
 
@@ -173,11 +170,11 @@ def folder_command(
     from ..outputs import check_writable_inside
 
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
-    settings = _settings(measure)
+    measure.check()
     read_conversion_record(directory)  # not a converted folder: one line before torch loads
     check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one bench.json cannot be written into
     softmax_max_bytes = _gib_bytes(softmax_max_gib)
     from ..bench import bench_folder
 
     with writing_output(directory, option="DIR"):  # a second bench (or convert --overwrite) of DIR waits its turn
-        bench_folder(directory, softmax_max_bytes=softmax_max_bytes, **lengths, **settings, log=console.print)
+        bench_folder(directory, softmax_max_bytes=softmax_max_bytes, **lengths, measure=measure, log=console.print)
