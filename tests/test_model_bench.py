@@ -56,6 +56,17 @@ def test_long_targets_pass_miss_and_unmeasured():
     assert "not measured" in target_line("hh", "8192", targets["8192"])
 
 
+def test_target_labels_take_hedgehog_hybrid_or_not_and_the_recipe_luna():
+    from linearize.bench import RECIPE_LUNA, recipe_luna
+    from linearize.bench.long import target_labels
+    from linearize.bench.methods import method_specs
+
+    specs = method_specs({"hedgehog": "hedgehog", "hybrid": ("hedgehog", {"window": 32, "sinks": "first",
+                                                                           "hybrid_layers": [1, 2]}),
+                          "t2r hybrid": ("t2r", {"window": 32}), RECIPE_LUNA: recipe_luna(), "luna": "luna"})
+    assert target_labels(specs) == ["hedgehog", "hybrid", RECIPE_LUNA]
+
+
 def test_long_bench_extends_positions_records_refusals_and_skips(tmp_path):
     from linearize.bench import RECIPE_LUNA, default_long_methods, run_long_bench
 

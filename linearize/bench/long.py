@@ -68,11 +68,16 @@ def default_long_methods():
             "darkformer": "darkformer", "performer": "performer", "flexformer-n": "flexformer-n"}
 
 
+#: a spec's options that make it hybrid attention (issue 34), not another feature map
+HYBRID_OPTIONS = {"window", "sinks", "gamma", "hybrid_layers"}
+
+
 def target_labels(specs):
-    """The labels the targets apply to: Hedgehog with its defaults and the recipe's LUNA."""
+    """The labels the targets apply to: Hedgehog with its defaults, hybrid or not (issue 34 holds a
+    hybrid default to the same targets), and the recipe's LUNA."""
     luna = recipe_luna()
     return [label for label, name, options in specs
-            if (name, options) in (("hedgehog", {}), (luna[0], luna[1]))]
+            if (name == "hedgehog" and set(options) <= HYBRID_OPTIONS) or (name, options) == (luna[0], luna[1])]
 
 
 def geometry_model(name, seed=0):

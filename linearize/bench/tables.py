@@ -177,7 +177,7 @@ def _geometry_markdown(entry):
         lines += ["", "Crossover against softmax:", ""]
         lines += [f"- {label}: {crossover_text(cross)}" for label, cross in entry["crossover"].items()]
     if entry["targets"]:
-        lines += ["", "Targets (issue 19: whole model ≥ 1.5× faster at 2,048, ≥ 2.5× at 4,096, ≥ 4× at 8,192):", ""]
+        lines += ["", "Targets (issues 19 and 34: whole model ≥ 1.5× faster at 2,048, ≥ 2.5× at 4,096, ≥ 4× at 8,192):", ""]
         lines += [target_line(label, n, target) for label, per in entry["targets"].items() for n, target in per.items()]
     return lines + [""]
 
