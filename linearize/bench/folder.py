@@ -21,7 +21,7 @@ from ..errors import LinearizeError
 from ..outputs import atomic_write_json, check_writable_inside
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
 from .models import accepted_length, default_softmax_max_bytes, measure_lengths
-from .timing import checked_placement, loop_settings, measuring
+from .timing import loop_settings, measuring
 
 DEFAULT_FOLDER_SEQ_LENS = (128, 512, 2048)
 #: the ``kind`` of that file (kept as first written, so earlier measurements still read)
@@ -72,7 +72,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: Measur
     where given; 0: in this process, with the models in memory.
     """
     from ..convert import load, revert, summary
-    from .long import check_user_state_placement, user_state_measure, user_state_note
+    from .long import user_state_measure, user_state_note, user_state_placement
 
     directory = Path(directory)
     about = summary(directory)  # a one-line error for a folder that is not a converted model
@@ -81,9 +81,8 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: Measur
         raise LinearizeError(f"{directory} is a vision model; `linearize bench folder DIR` measures text models "
                              "(token inputs)")
     measure = MeasureConfig() if measure is None else measure
-    placement = checked_placement(measure)  # the settings' errors before the model loads
+    placement = user_state_placement(measure)  # the settings' errors before the model loads
     processes, compile_mode = measure.processes, measure.compile_mode
-    check_user_state_placement(processes, placement, compile_mode)
     model = load(directory).eval()
     softmax = revert(copy.deepcopy(model)).eval()
     softmax_label = f"softmax ({getattr(softmax.config, '_attn_implementation', None) or 'default'})"

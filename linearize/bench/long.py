@@ -273,8 +273,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
         raise LinearizeError(f"lengths must be positive; got {seq_lens}")
     measure = LONG_MEASURE if measure is None else measure
     specs = method_specs(default_long_methods() if methods is None else methods)
-    placement = checked_placement(measure)
-    check_user_state_placement(measure.processes, placement, measure.compile_mode)
+    placement = user_state_placement(measure)
     softmax_max_bytes = default_softmax_max_bytes(placement) if softmax_max_bytes is None else int(softmax_max_bytes)
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     settings = dict(softmax_max_bytes=softmax_max_bytes, seed=seed, convert_sliding_window=convert_sliding_window)
@@ -299,16 +298,19 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     return result
 
 
-def check_user_state_placement(processes, placement, compile_mode=None):
-    """``--processes`` times each fresh process by the wall clock (the parent's CPU clock does not
-    count its children's time), and ``compile_mode`` compiles the models in those processes only;
-    one line otherwise."""
-    if compile_mode is not None and not processes:
+def user_state_placement(measure):
+    """:func:`~linearize.bench.timing.checked_placement` of ``measure`` for a bench that may time fresh
+    processes: ``--processes`` times each fresh process by the wall clock (the parent's CPU clock does not
+    count its children's time), and ``compile_mode`` compiles the models in those processes only; one
+    line otherwise."""
+    placement = checked_placement(measure)
+    if measure.compile_mode is not None and not measure.processes:
         raise LinearizeError("compile_mode compiles the models in the fresh processes of --processes: give "
                              "--processes 1 or more with it")
-    if processes and placement.clock != "wall":
+    if measure.processes and placement.clock != "wall":
         raise LinearizeError("--processes times fresh processes by the wall clock; drop --clock cpu, or pass "
                              "--processes 0 to time this process's CPU time")
+    return placement
 
 
 def user_state_note(processes, placement=CPU, compile_mode=None):

@@ -53,13 +53,13 @@ def sentence_agreement(task, model):
 def variant_scores(task, teacher, method, options, window, args, layers=None):
     sinks = args.sinks if window else "none"
     label = f"{method} R={window}" + (f" + {sinks.replace(',', ' + ')}" if window else "")
-    if layers is not None and window:
+    if layers is not None:  # main() pairs layer subsets with windows only
         label += " in layers " + "-".join(map(str, layers))
     done = args.out / f"{label.replace(' ', '').replace('=', '').replace('+', '-')}.json"
     if done.is_file():
         return label, json.loads(done.read_text())
     student = teacher if method == "teacher" else convert(copy.deepcopy(teacher), method, window=window,
-                                                        sinks=sinks, hybrid_layers=layers if window else None,
+                                                        sinks=sinks, hybrid_layers=layers,
                                                         **options).eval()
     with torch.inference_mode():
         scores = {**sentence_agreement(task, student), **task.document_agreement(student)}
