@@ -107,7 +107,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: Measur
                          "repeats": measure.repeats, "warmup": measure.warmup,
                          "memory": measure.memory and not processes, "seed": seed,
                          "crossover_rule": CROSSOVER_RULE, "processes": processes, "compile_mode": compile_mode,
-                         "state": user_state_note(processes, placement, compile_mode)},
+                         "state": user_state_note(measure, placement)},
               "rows": rows, "skipped_lengths": skipped,
               "crossover": crossovers(rows, [method], softmax_label).get(method)}
     atomic_write_json(directory / FOLDER_BENCH_JSON, record)

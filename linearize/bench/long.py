@@ -278,7 +278,7 @@ def run_long_bench(out_dir, geometries=DEFAULT_GEOMETRIES, methods=None, seq_len
     named = geometries.items() if isinstance(geometries, dict) else [(g, None) for g in geometries]
     settings = dict(softmax_max_bytes=softmax_max_bytes, seed=seed, convert_sliding_window=convert_sliding_window)
     result = _long_result(out_dir, specs, seq_lens, placement, measure, settings)
-    result["config"]["state"] = user_state_note(measure.processes, placement, measure.compile_mode)
+    result["config"]["state"] = user_state_note(measure, placement)
     started = time.time()
     with measuring(measure.threads) as machine:
         result["machine"] = machine
@@ -313,8 +313,10 @@ def user_state_placement(measure):
     return placement
 
 
-def user_state_note(processes, placement=CPU, compile_mode=None):
-    """What state the models were timed in, for ``bench-long.json`` and its markdown."""
+def user_state_note(measure, placement=CPU):
+    """What state the models were timed in (``measure``: the bench's MeasureConfig), for the bench's JSON and
+    markdown."""
+    processes, compile_mode = measure.processes, measure.compile_mode
     if processes:
         where = "" if placement == CPU else f" onto {placement.device} in {placement.dtype}"
         compiled = f", compiled with torch.compile(mode={compile_mode!r})" if compile_mode else ""
