@@ -319,6 +319,12 @@ class DataConfig(Config):
         0, "Embedding tasks: also score the student's agreement with the teacher on whole documents cut at this many "
            "tokens (doc_cosine, doc_top10_overlap), where a window does not cover the text: the 300 held-out movie "
            "reviews of moviereviews-long's test split (850 tokens on average). 0: none.")
+    train_documents: bool = setting(
+        False, "Task embeddings on its default corpus (the movie-review sentences): also train on the 1,080 whole "
+               "reviews of moviereviews-long's train split and select on its 120 dev reviews beside the dev sentences "
+               "(added after max_train_examples / max_eval_examples cut the sentences; cut at max_length: give 512 "
+               "for whole reviews), so a student whose window covers every sentence trains its linear part too. The "
+               "300 test reviews that document_length scores never join.")
     seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
     max_length: int = setting(
         128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "
@@ -335,6 +341,19 @@ class DataConfig(Config):
     image_std: list[float] | None = setting(None, "Per-channel std for image normalisation.")
     num_channels: int | None = setting(None, "Image channels (default 3).")
     crop_scale: list[float] = setting([0.08, 1.0], "Scale range of the training random-resized crop.")
+
+    def check_train_documents(self, kind):
+        """``train_documents`` only where it takes effect: the embeddings task on its default corpus."""
+        if not self.train_documents:
+            return
+        if kind != "embeddings":
+            raise OptionError("data.train_documents adds whole reviews to the embeddings task's corpus; this task "
+                              "is not an embedding task: leave it out")
+        given = [name for name in ("train_file", "validation_file", "test_file", "data_file", "data_dir")
+                 if getattr(self, name) is not None]
+        if given:
+            raise OptionError(f"data.train_documents adds moviereviews-long's reviews to the default corpus, and "
+                              f"data.{given[0]} replaces that corpus: put your documents in your own files instead")
 
 
 @dataclass
@@ -500,6 +519,7 @@ class RunConfig(Config):
 
             _, kind = check_task_data(self.task, **{option: getattr(self.data, option) for option in CHECKED_OPTIONS})
             self.stage2.check_task_loss(kind == "embeddings")
+            self.data.check_train_documents(kind)
         return self
 
 

@@ -227,6 +227,46 @@ def test_document_length_beyond_the_positions_is_one_line_before_training(tiny_s
     assert "stage 1" not in result.output  # refused before any training
 
 
+def test_train_documents_add_the_train_and_dev_reviews_never_the_test_ones(tmp_path, monkeypatch):
+    """data.train_documents: the default corpus's sentences (cut by max_train_examples first) and then every
+    train review of moviereviews-long in train, its dev reviews in validation; test keeps the sentences, and
+    no review that data.document_length scores joins."""
+    from linearize.config import DataConfig
+    from linearize.data import load_task_data
+    from linearize.data.moviereviews import MEMBER, REVIEWS
+    from linearize.pipeline.inputs import document_texts, load_data
+    from test_data_moviereviews import pattern_csv, review_csv
+
+    cache = tmp_path / "cache"
+    (cache / "moviereviews").mkdir(parents=True)
+    (cache / "moviereviews" / MEMBER.rsplit("/", 1)[-1]).write_text(pattern_csv(100))
+    (cache / "moviereviews" / REVIEWS.member.rsplit("/", 1)[-1]).write_text(review_csv(750))
+    monkeypatch.setenv("LINEARIZE_CACHE", str(cache))
+    plain, _ = load_data("embeddings", DataConfig(max_train_examples=50, document_length=64))
+    data, spec = load_data("embeddings", DataConfig(max_train_examples=50, document_length=64, train_documents=True))
+    reviews, _ = load_task_data("moviereviews-long", seed=0)
+    assert spec.is_embedding and len(data["train"]) == 50 + 1080 and len(data["validation"]) == len(plain["validation"]) + 120
+    for split in ("train", "validation"):
+        assert list(data[split]["text"]) == list(plain[split]["text"]) + list(reviews[split]["text"])
+    assert list(data["test"]["text"]) == list(plain["test"]["text"])
+    scored = set(document_texts(spec, DataConfig(document_length=64)))
+    assert scored == set(reviews["test"]["text"]) and not scored & (set(data["train"]["text"]) | set(data["validation"]["text"]))
+
+
+@pytest.mark.parametrize("task, setting, message", [
+    ("moviereviews", [], "this task is not an embedding task: leave it out"),
+    ("embeddings", ["data.train_file=sentences.txt"], "data.train_file replaces that corpus: put your documents"),
+])
+def test_train_documents_where_they_cannot_take_effect_are_one_line(task, setting, message, tmp_path, monkeypatch):
+    from linearize.config import OptionError
+    from linearize.recipes import load_recipe, parse_set
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sentences.txt").write_text("a sentence\n")
+    with pytest.raises(OptionError, match=message):  # load_recipe validates the run
+        load_recipe("minilm-embeddings", overrides=parse_set([f"task={task}", "data.train_documents=true", *setting]))
+
+
 def test_single_stages_on_embeddings_keep_the_sentence_transformers_folder(tiny_st, corpus, tmp_path):
     data = ["--task", "embeddings", "--train-file", str(corpus / "sentences.txt"), "--max-length", "24"]
     distilled, tuned = tmp_path / "s1", tmp_path / "s2"

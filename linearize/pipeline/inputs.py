@@ -276,9 +276,26 @@ def load_data(task, data):
         limit = data.max_train_examples if split == "train" else data.max_eval_examples
         if limit and len(dataset[split]) > limit:
             dataset[split] = dataset[split].shuffle(seed=data.seed).select(range(limit))
+    if data.train_documents:
+        dataset = with_training_documents(dataset, data.seed)
     if "validation" not in dataset or len(dataset["validation"]) == 0:
         raise LinearizeError(f"task {task!r} has no validation split to select on; set data.dev_fraction")
     return dataset, spec
+
+
+def with_training_documents(dataset, seed):
+    """``data.train_documents``: the embedding corpus ``dataset`` with moviereviews-long's train reviews added to
+    its train split and its dev reviews to its validation split (that task's split for ``seed``: its test
+    reviews, the ones ``data.document_length`` scores, never join)."""
+    from datasets import Dataset
+
+    from ..data import LONG_REVIEWS_NAMES, load_task_data
+
+    reviews, _ = load_task_data(LONG_REVIEWS_NAMES[0], seed=seed)
+    for split in ("train", "validation"):
+        texts = list(dataset[split]["text"]) + list(reviews[split]["text"])
+        dataset[split] = Dataset.from_dict({"text": texts}, split=split)
+    return dataset
 
 
 @dataclass
