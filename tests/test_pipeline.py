@@ -108,6 +108,33 @@ def test_run_writes_report_model_and_resumes(workspace):
         run(other, out, progress=False, log=lambda *a, **k: None)
 
 
+def test_a_run_resumed_inside_stage_1_counts_its_earlier_training_in_the_total(workspace, monkeypatch):
+    """A run killed in stage 1 and run again: the report's total time holds what stage 1 took before the kill (its
+    checkpoint's seconds, set here to 1,000 s as a long first call would leave them), not this call's alone."""
+    from linearize.training import checkpoint, loop
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage1": {"checkpoint_every": 1},
+                                                                  "eval": {"latency_lengths": []}})
+    out = workspace / "resumed-in-stage1"
+    original = loop.Trainer.save_checkpoint
+
+    def killed_after_step_2(trainer, directory, **progress):
+        original(trainer, directory, **progress)
+        if "stage1" in str(directory) and progress["step"] == 2:
+            raise KeyboardInterrupt("simulated kill")
+
+    monkeypatch.setattr(loop.Trainer, "save_checkpoint", killed_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe, out, progress=False, log=lambda *a, **k: None)
+    monkeypatch.setattr(loop.Trainer, "save_checkpoint", original)
+    record_path = out / "work" / "stage1" / checkpoint.CHECKPOINT_FILE
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "seconds": 1000.0}))
+    timing = run(recipe, out, progress=False, log=lambda *a, **k: None).to_json()["timing"]
+    assert timing["stage1_seconds"] > 1000
+    assert timing["total_seconds"] >= timing["teacher_seconds"] + timing["stage1_seconds"] + timing["stage2_seconds"]
+
+
 def test_keep_softmax_gives_the_layer_with_the_highest_stage1_kl_back_to_softmax(workspace):
     """stage1.keep_softmax: 1 of the tiny model's 2 converted layers stays softmax after stage 1 (the one
     whose attention KL stays highest); the other keeps its distilled map, through stage 2, saving and loading."""

@@ -94,21 +94,29 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
         share_stage1(ctx, stage1_from)
     if teacher_from is not None and not ctx.state.done("teacher"):
         share_teacher(ctx, teacher_from)
-    reused = [stage for stage in STAGES if ctx.state.done(stage)]
-    teacher, teacher_result = teacher_stage(ctx)
-    student, stage1_result = stage1(ctx, teacher)
-    student, stage2_result = stage2(ctx, teacher, student, stage1_result)
+    (teacher, teacher_result), teacher_here = _timed(teacher_stage, ctx)
+    (student, stage1_result), stage1_here = _timed(stage1, ctx, teacher)
+    (student, stage2_result), stage2_here = _timed(stage2, ctx, teacher, student, stage1_result)
     log(f"[5/6] measuring latency ({config.eval.latency_repeats} timed passes per model) and attention"
         if not ctx.state.done("latency") else "[5/6] latency as measured before (state.json); attention")
     student.to(next(teacher.parameters()).device)  # a resumed run reloads finished stages on the CPU
     timing, seq_len, batch = measure_latency(ctx, teacher, student)
     visuals = figure_data(ctx, teacher, student)
     log("[6/6] writing the report")
-    # total: this call's wall time plus the stages it reused from earlier calls (or a shared teacher)
-    total = time.perf_counter() - ctx.started + sum(ctx.state.get(stage).seconds for stage in reused)
+    # total: this call's wall time plus what each stage took in earlier calls (a stage reused whole, a shared
+    # teacher, or the steps a resumed stage had done: its own seconds beyond what it took in this call)
+    earlier = sum(max(0.0, result.seconds - here) for result, here in
+                  ((teacher_result, teacher_here), (stage1_result, stage1_here), (stage2_result, stage2_here)))
+    total = time.perf_counter() - ctx.started + earlier
     report = build_report(ctx.config, ctx.task, student, (teacher_result, stage1_result, stage2_result),
                           ctx.report_split, timing, seq_len, batch, visuals, total)
     return on_main_process(write_run_report, report, out_dir)  # every process returns the written report
+
+
+def _timed(call, *args):
+    """``(call(*args), its wall seconds)``."""
+    started = time.perf_counter()
+    return call(*args), time.perf_counter() - started
 
 
 @writes_output("out_dir")
