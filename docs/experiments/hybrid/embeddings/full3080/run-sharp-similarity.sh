@@ -7,7 +7,7 @@
 # make it 10× and 100× that. The same --out as run.sh: compare shares seed 0's stage-1 student, only stage 2 runs
 # (~33 min a variant on 2 cores). Resumable.
 cd "$(git rev-parse --show-toplevel)"
-C=runs/embedding-corpus
+C=${C:-runs/embedding-corpus}
 OUT=${OUT:-runs/embeddings-full}
 B='hybrid.window=128 hybrid.sinks=first stage2.trainable=attention stage2.lr=1e-2 stage2.epochs=3 stage2.similarity_temperature=0.01'
 .venv/bin/linearize compare minilm-embeddings --methods hedgehog --seeds 0 --no-without-stage1 \
