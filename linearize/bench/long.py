@@ -26,7 +26,7 @@ from ..config import MeasureConfig
 from ..errors import LinearizeError
 from ..outputs import atomic_write_json, atomic_write_text, writes_output
 from .crossover import CROSSOVER_RULE, crossover_text, crossovers
-from .methods import method_specs
+from .methods import HYBRID_KEYS, method_specs
 from .models import default_softmax_max_bytes, learned_positions, measure_lengths, model_info
 from .tables import long_markdown
 from .timing import CPU, checked_placement, loop_settings, measuring
@@ -68,16 +68,12 @@ def default_long_methods():
             "darkformer": "darkformer", "performer": "performer", "flexformer-n": "flexformer-n"}
 
 
-#: a spec's options that make it hybrid attention (issue 34), not another feature map
-HYBRID_OPTIONS = {"window", "sinks", "gamma", "hybrid_layers"}
-
-
 def target_labels(specs):
     """The labels the targets apply to: Hedgehog with its defaults, hybrid or not (issue 34 holds a
     hybrid default to the same targets), and the recipe's LUNA."""
     luna = recipe_luna()
     return [label for label, name, options in specs
-            if (name == "hedgehog" and set(options) <= HYBRID_OPTIONS) or (name, options) == (luna[0], luna[1])]
+            if (name == "hedgehog" and set(options) <= set(HYBRID_KEYS)) or (name, options) == (luna[0], luna[1])]
 
 
 def geometry_model(name, seed=0):

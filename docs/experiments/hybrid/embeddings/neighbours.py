@@ -34,10 +34,11 @@ def embed(folder, texts, length):
 
 
 def neighbours(embeddings, k=10):
+    """``(each row's k nearest other rows, the similarities of its k-th and (k+1)-th)``."""
     similarity = embeddings @ embeddings.T
     np.fill_diagonal(similarity, -np.inf)
     order = np.argsort(-similarity, axis=1)
-    return similarity, order[:, :k], np.take_along_axis(similarity, order[:, k - 1:k + 1], axis=1)
+    return order[:, :k], np.take_along_axis(similarity, order[:, k - 1:k + 1], axis=1)
 
 
 def noisy(teacher, cosine, rng):
@@ -84,8 +85,8 @@ def main():
 
     tokens = np.array([min(len(ids), args.length) for ids in AutoTokenizer.from_pretrained(str(args.teacher))(
         texts, truncation=True, max_length=args.length)["input_ids"]])
-    _, top_teacher, margins = neighbours(teacher)
-    _, top_student, _ = neighbours(student)
+    top_teacher, margins = neighbours(teacher)
+    top_student, _ = neighbours(student)
     per_cosine = np.sum(teacher * student, axis=1)
     per_overlap = np.array([len(set(a) & set(b)) / 10 for a, b in zip(top_teacher, top_student)])
     gap = margins[:, 0] - margins[:, 1]

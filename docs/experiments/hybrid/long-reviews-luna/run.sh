@@ -8,7 +8,7 @@
 # reuses finished seeds. Budget on 2 CPU cores: per seed ~50 min of teachers, ~30-70 min per student.
 #   OUT=/work/runs bash docs/experiments/hybrid/long-reviews-luna/run.sh   # default OUT: runs
 set -e
-cd "$(git rev-parse --show-toplevel)"
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1  # from any folder
 OUT=${OUT:-runs}
 LUNA='--set method=luna --set options.luna.shared_projections=false --set options.luna.projections=16'
 for last in 0 1 2; do

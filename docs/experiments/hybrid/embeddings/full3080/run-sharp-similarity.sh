@@ -5,15 +5,10 @@
 # over its batch sits on its nearest few, what a top-10 compares. Its KL grows ~(0.05/0.01)² = 25× for small
 # differences, so β 0.0004 weighs it alike with the MSE (session 10's calibration at 0.05: β 0.01); 0.004 and 0.04
 # make it 10× and 100× that. The same --out as run.sh: compare shares seed 0's stage-1 student, only stage 2 runs
-# (~33 min a variant on 2 cores). Resumable.
-cd "$(git rev-parse --show-toplevel)"
-C=${C:-runs/embedding-corpus}
-OUT=${OUT:-runs/embeddings-full}
-B='hybrid.window=128 hybrid.sinks=first stage2.trainable=attention stage2.lr=1e-2 stage2.epochs=3 stage2.similarity_temperature=0.01'
-.venv/bin/linearize compare minilm-embeddings --methods hedgehog --seeds 0 --no-without-stage1 \
-  --set data.train_file=$C/train.jsonl --set data.validation_file=$C/validation-with-reviews.jsonl \
-  --set data.test_file=$C/test.jsonl --set data.max_length=512 --set data.max_train_examples=3080 \
-  --set data.group_by_length=true --set stage1.epochs=3 --set stage1.checkpoint_every=20 \
-  --variant "R128 first s2 maps sim0.004 t0.01: $B stage2.similarity_weight=0.004" \
-  --variant "R128 first s2 maps sim0.04 t0.01: $B stage2.similarity_weight=0.04" \
-  --out "$OUT" --threads 2
+# (~33 min a variant on 2 cores). C and OUT: the corpus and the compare folder (defaults below).
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1  # from any folder
+source docs/experiments/hybrid/embeddings/full3080/compare.sh
+S="$B stage2.similarity_temperature=0.01"
+embedding_compare "${C:-runs/embedding-corpus}" 3080 0 "${OUT:-runs/embeddings-full}" \
+  --variant "R128 first s2 maps sim0.004 t0.01: $S stage2.similarity_weight=0.004" \
+  --variant "R128 first s2 maps sim0.04 t0.01: $S stage2.similarity_weight=0.04"

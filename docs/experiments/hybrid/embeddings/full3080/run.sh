@@ -1,12 +1,7 @@
 #!/bin/bash
 # issue 34: the embedding student on the whole 3,080-text corpus, seed 0, with and without stage 2's similarity term (β 0.01, 0.1)
-cd "$(git rev-parse --show-toplevel)"
-C=runs/embedding-corpus
-B='hybrid.window=128 hybrid.sinks=first stage2.trainable=attention stage2.lr=1e-2 stage2.epochs=3'
-.venv/bin/linearize compare minilm-embeddings --methods hedgehog --seeds 0 --no-without-stage1 \
-  --set data.train_file=$C/train.jsonl --set data.validation_file=$C/validation-with-reviews.jsonl \
-  --set data.test_file=$C/test.jsonl --set data.max_length=512 --set data.max_train_examples=3080 \
-  --set data.group_by_length=true --set stage1.epochs=3 --set stage1.checkpoint_every=20 \
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1  # from any folder
+source docs/experiments/hybrid/embeddings/full3080/compare.sh
+embedding_compare runs/embedding-corpus 3080 0 runs/embeddings-full \
   --variant "R128 first s2 maps sim0.01: $B stage2.similarity_weight=0.01" --variant "R128 first s2 maps: $B" \
-  --variant "R128 first s2 maps sim0.1: $B stage2.similarity_weight=0.1" \
-  --out runs/embeddings-full --threads 2
+  --variant "R128 first s2 maps sim0.1: $B stage2.similarity_weight=0.1"
