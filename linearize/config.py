@@ -76,7 +76,7 @@ LIMITS = {
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
     "kd_temperature": POSITIVE, "trainable": _one_of("all", "attention"), "similarity_weight": NON_NEGATIVE,
-    "similarity_temperature": POSITIVE,
+    "similarity_temperature": POSITIVE, "similarity_anchors": _one_of("batch", "train"),
     "max_length": _at_least(3, ">= 3 (a text's [CLS] and [SEP] take 2 tokens: at least one is left for the text)"),
     "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
@@ -199,6 +199,9 @@ class FinetuneConfig(TrainingConfig):
              "other texts of its batch (CompRess): loss = MSE + b*KL of the similarity distributions (0 = off; "
              "~0.01 weighs the two alike at the default temperature).")
     similarity_temperature: float = setting(0.05, "Temperature of that similarity term.")
+    similarity_anchors: str = setting(
+        "batch", "Whose teacher embeddings each text ranks itself against in that term: batch (the other texts of "
+                 "its batch) or train (every training text's, held once: CompRess's memory bank).")
 
     def check_task_loss(self, is_embedding, where="stage2."):
         """``OptionError`` (one line) for a loss term the task's loss cannot take: the logit distillation on an
@@ -211,6 +214,11 @@ class FinetuneConfig(TrainingConfig):
         if not is_embedding and self.similarity_weight:
             raise OptionError(f"{where}similarity_weight compares sentence embeddings: it applies to the embeddings task "
                               "only; set it to 0")
+        changed = [name for name in ("similarity_temperature", "similarity_anchors")
+                   if getattr(self, name) != getattr(FinetuneConfig, name)]
+        if changed and not self.similarity_weight:
+            raise OptionError(f"{where}{changed[0]} sets the similarity term, which is off: set {where}similarity_weight "
+                              f"> 0 too, or leave {where}{changed[0]} out")
         return self
 
 
@@ -363,7 +371,7 @@ class TeacherConfig(FinetuneConfig):
     teacher's defaults (no distillation term: the teacher has no teacher)."""
 
     not_in_recipe = ("seed", "kd_weight", "kd_temperature", "trainable", "similarity_weight", "similarity_temperature",
-                     "report_to")
+                     "similarity_anchors", "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
     attention_dropout: float | None = setting(

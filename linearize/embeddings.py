@@ -121,26 +121,30 @@ def distillation_loss(student, teacher):
     return torch.nn.functional.mse_loss(student.float(), teacher.float())
 
 
-def similarity_distillation_loss(student, teacher, temperature):
-    """How each text ranks the other texts of its batch, distilled (CompRess: Abbasi Koohpayegani et al. 2020,
-    "CompRess: Self-Supervised Learning by Compressing Representations", §3, its "1q" form: the student's
-    similarity distribution over anchor points, the teacher's embeddings of other instances, trained toward the
-    teacher's by KL divergence). Over a batch of ``b`` texts with student embeddings ``s_i`` and teacher
-    embeddings ``t_j`` (both L2-normalised), the anchors of text ``i`` are the other texts' ``t_j``:
+def similarity_distillation_loss(student, teacher, temperature, anchors=None):
+    """How each text ranks other texts, distilled (CompRess: Abbasi Koohpayegani et al. 2020, "CompRess:
+    Self-Supervised Learning by Compressing Representations", §3, its "1q" form: the student's similarity
+    distribution over anchor points, the teacher's embeddings of other instances, trained toward the teacher's by
+    KL divergence). Over a batch of ``b`` texts with student embeddings ``s_i`` and teacher embeddings ``t_i`` (both
+    L2-normalised) and anchors ``a_j`` (``anchors``: CompRess's memory bank of teacher embeddings, e.g. every
+    training text's; None: the batch's own ``t_j``):
 
-        p_i(j) = softmax_{j≠i}(t_iᵀt_j / τ),   q_i(j) = softmax_{j≠i}(s_iᵀt_j / τ),   loss = (1/b) Σ_i KL(p_i ‖ q_i)
+        p_i(j) = softmax_j(t_iᵀa_j / τ),   q_i(j) = softmax_j(s_iᵀa_j / τ),   loss = (1/b) Σ_i KL(p_i ‖ q_i)
 
-    (0 at s = t). The MSE of :func:`distillation_loss` pulls each ``s_i`` toward ``t_i``; this term weighs the
-    directions that change which texts are its nearest neighbours, what a retrieval top-k compares. The text's
-    own ``t_i`` is left out: with it, ``p_i`` is nearly all on ``i`` and says nothing about the others."""
+    over the anchors other than text ``i`` itself (0 at s = t). The MSE of :func:`distillation_loss` pulls each
+    ``s_i`` toward ``t_i``; this term weighs the directions that change which texts are its nearest neighbours, what
+    a retrieval top-k compares. The text's own embedding is left out (with it, ``p_i`` is nearly all on ``i`` and
+    says nothing about the others): every anchor with ``t_iᵀa_j`` within 1e-5 of 1, so an identical text's too."""
     functional = torch.nn.functional
-    if len(teacher) < 2:  # a batch of one text (an epoch's last): no other text to rank
-        return student.float().sum() * 0.0
     student = functional.normalize(student.float(), dim=-1)
     teacher = functional.normalize(teacher.float(), dim=-1)
-    others = ~torch.eye(len(teacher), dtype=torch.bool, device=teacher.device)  # row i: every j ≠ i
+    anchors = teacher if anchors is None else functional.normalize(anchors.float().to(teacher.device), dim=-1)
+    own = teacher @ anchors.T > 1 - 1e-5  # [b, n]: text i's own embedding (and any identical text's)
+    if bool(own.all(dim=-1).any()):  # a text with no other anchor (a batch of one, an epoch's last): nothing to rank
+        return student.sum() * 0.0
 
-    def ranking(query):  # [b, b - 1]: log softmax of each text's similarities to the other texts' teacher embeddings
-        return torch.log_softmax((query @ teacher.T / temperature)[others].view(len(teacher), -1), dim=-1)
+    def ranking(query):  # [b, n]: log softmax of each text's similarities to the anchors, its own left out
+        return torch.log_softmax((query @ anchors.T / temperature).masked_fill(own, -1e9), dim=-1)
 
+    # the own anchors' log-probabilities are ~-1e9 in both: exp(-1e9) = 0 weighs their (finite) difference out
     return functional.kl_div(ranking(student), ranking(teacher), reduction="batchmean", log_target=True)

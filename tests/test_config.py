@@ -53,7 +53,8 @@ NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0, 
                 "data": {"similarity_file": None, "group_by_length": False, "regression": False, "document_length": 0,
                          "train_documents": False},
                 "teacher": {"attention_dropout": None},
-                "stage2": {"trainable": "all", "similarity_weight": 0.0, "similarity_temperature": 0.05},
+                "stage2": {"trainable": "all", "similarity_weight": 0.0, "similarity_temperature": 0.05,
+                           "similarity_anchors": "batch"},
                 "eval": {"latency_max_length": 8192, "latency_lengths": [2048, 4096], "latency_examples": 100},
                 "hybrid": {"window": 0, "sinks": "none", "gamma": None, "hybrid_layers": None}}
 

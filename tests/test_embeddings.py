@@ -348,13 +348,16 @@ def test_distillation_loss_is_the_mean_squared_error():
     assert float(distillation_loss(student, teacher)) == pytest.approx(1.0)  # (1 + 1) / 2 dimensions
 
 
-def naive_similarity_loss(student, teacher, temperature):
-    """The similarity term written out text by text: KL(p_i ‖ q_i) over the other texts' teacher embeddings."""
+def naive_similarity_loss(student, teacher, temperature, anchors=None, own=None):
+    """The similarity term written out text by text: KL(p_i ‖ q_i) over the anchors (the other texts' teacher
+    embeddings; given ``anchors``, those but text i's own, ``own[i]``, the index of its own embedding or None)."""
     total = 0.0
     s = [x / x.norm() for x in student.double()]
     t = [x / x.norm() for x in teacher.double()]
+    bank = t if anchors is None else [x / x.norm() for x in anchors.double()]
+    own = range(len(t)) if anchors is None else own
     for i in range(len(s)):
-        others = [tj for j, tj in enumerate(t) if j != i]
+        others = [aj for j, aj in enumerate(bank) if j != own[i]]
         p = torch.softmax(torch.stack([t[i] @ tj for tj in others]) / temperature, 0)
         q = torch.softmax(torch.stack([s[i] @ tj for tj in others]) / temperature, 0)
         total += float((p * (p.log() - q.log())).sum())
@@ -385,29 +388,78 @@ def test_similarity_distillation_loss_is_the_kl_of_each_texts_similarities_to_th
     assert float(similarity_distillation_loss(moving.detach() - 0.01 * moving.grad, teacher, 0.05)) < loss.item()
 
 
-def test_stage2_embedding_loss_adds_the_weighted_similarity_term(tiny_st):
+def test_similarity_anchors_from_a_bank_leave_out_each_texts_own_embedding():
+    torch.manual_seed(1)
+    bank = torch.nn.functional.normalize(torch.randn(20, 16), dim=-1)  # the training split's teacher embeddings
+    rows = [3, 7, 11]
+    teacher = bank[rows] * 2.0  # a batch of three training texts (unnormalised: the term normalises)
+    student = teacher + 0.4 * torch.randn(3, 16)
+    value = float(similarity_distillation_loss(student, teacher, 0.05, bank))
+    assert value > 0 and value == pytest.approx(naive_similarity_loss(student, teacher, 0.05, bank, rows), rel=1e-4)
+    assert float(similarity_distillation_loss(teacher, teacher, 0.05, bank)) == pytest.approx(0.0, abs=1e-6)
+    # texts outside the bank (none of its anchors is theirs) rank all of it
+    outside = torch.nn.functional.normalize(torch.randn(2, 16), dim=-1)
+    student = outside + 0.4 * torch.randn(2, 16)
+    assert float(similarity_distillation_loss(student, outside, 0.5, bank)) == pytest.approx(
+        naive_similarity_loss(student, outside, 0.5, bank, [None, None]), rel=1e-4)
+    # a bank of the batch itself is the batch form
+    assert float(similarity_distillation_loss(student, outside, 0.5, outside)) == pytest.approx(
+        float(similarity_distillation_loss(student, outside, 0.5)), rel=1e-6)
+
+
+def stage2_loss_of(tiny_st, config, texts, loader=None):
+    """Stage 2's embedding loss under ``config`` on a batch of ``texts`` whose labels are the tiny model's own
+    embeddings a little moved: ``(loss value, the student's embeddings, the batch)``."""
     from types import SimpleNamespace
 
-    from linearize.config import FinetuneConfig
     from linearize.finetune.stage2 import _task_loss
 
     model, tokenizer = T.AutoModel.from_pretrained(tiny_st).eval(), T.AutoTokenizer.from_pretrained(tiny_st)
-    batch = dict(tokenizer(SENTENCES[:6], padding=True, return_tensors="pt"))
+    batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
     task = SimpleNamespace(is_embedding=True, embedding=Pooling())
     with torch.no_grad():
         student = embed(model, batch, task.embedding)
+        torch.manual_seed(0)
         batch["labels"] = torch.nn.functional.normalize(student + 0.1 * torch.randn_like(student), dim=-1)
-        plain = _task_loss(FinetuneConfig(), task, None, torch.device("cpu"))(model, batch)
-        weighted = _task_loss(FinetuneConfig(similarity_weight=0.5, similarity_temperature=0.1), task, None,
-                              torch.device("cpu"))(model, batch)
-    assert float(plain) == pytest.approx(float(distillation_loss(student, batch["labels"])))
-    assert float(weighted) == pytest.approx(float(plain) + 0.5 * float(
+        loader = loader(batch["labels"]) if loader else None
+        return float(_task_loss(config, task, None, torch.device("cpu"), loader)(model, batch)), student, batch
+
+
+def test_stage2_similarity_over_the_training_split_reads_its_labels(tiny_st):
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from linearize.config import FinetuneConfig
+
+    banks = []
+
+    def loader(labels):  # the training split: the batch's texts and five others
+        banks.append(torch.cat([labels, torch.nn.functional.normalize(torch.randn(5, labels.shape[1]), dim=-1)]))
+        return SimpleNamespace(dataset=Dataset.from_dict({"label": banks[0].tolist()}))
+
+    config = FinetuneConfig(similarity_weight=0.5, similarity_anchors="train")
+    value, student, batch = stage2_loss_of(tiny_st, config, SENTENCES[:4], loader)
+    assert value == pytest.approx(float(distillation_loss(student, batch["labels"])) + 0.5 * float(
+        similarity_distillation_loss(student, batch["labels"], 0.05, banks[0])), rel=1e-5)
+
+
+def test_stage2_embedding_loss_adds_the_weighted_similarity_term(tiny_st):
+    from linearize.config import FinetuneConfig
+
+    plain, student, batch = stage2_loss_of(tiny_st, FinetuneConfig(), SENTENCES[:6])
+    weighted = stage2_loss_of(tiny_st, FinetuneConfig(similarity_weight=0.5, similarity_temperature=0.1),
+                              SENTENCES[:6])[0]
+    assert plain == pytest.approx(float(distillation_loss(student, batch["labels"])))
+    assert weighted == pytest.approx(plain + 0.5 * float(
         similarity_distillation_loss(student, batch["labels"], 0.1)), rel=1e-5)
 
 
 @pytest.mark.parametrize("recipe, setting, message", [
     ("minilm-embeddings", "stage2.kd_weight=0.5", "stage2.kd_weight distils a classifier's logits"),
     ("minilm-moviereviews", "stage2.similarity_weight=0.5", "stage2.similarity_weight compares sentence embeddings"),
+    ("minilm-embeddings", "stage2.similarity_anchors=train", "stage2.similarity_anchors sets the similarity term, "
+     "which is off: set stage2.similarity_weight > 0 too"),
 ])
 def test_a_stage2_loss_term_the_task_cannot_take_is_one_line_before_anything_runs(recipe, setting, message, tmp_path):
     result = runner.invoke(app, ["run", recipe, "--set", setting, "--out", str(tmp_path / "run")])

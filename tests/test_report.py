@@ -421,3 +421,5 @@ def test_an_embedding_students_card_names_the_similarity_term_when_stage_2_used_
     data["recipe"]["stage2"].update(similarity_weight=0.5, similarity_temperature=0.1)
     assert ("eq. 1) and how each text ranks the other texts of its batch (CompRess, Abbasi Koohpayegani et al. "
             "2020: weight 0.5, temperature 0.1).") in card()
+    data["recipe"]["stage2"].update(similarity_anchors="train")
+    assert "eq. 1) and how each text ranks every other training text (CompRess" in card()

@@ -81,7 +81,7 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     primary = primary_metric(task)
     output_dir = Path(output_dir)
     best_path = output_dir / BEST_FILE
-    task_loss = _task_loss(config, task, teacher, accelerator.device)
+    task_loss = _task_loss(config, task, teacher, accelerator.device, train_loader)
     _freeze_all_but_trained(model, config.trainable)
     trainer = Trainer(accelerator, train_loader, config, loss_name="fine-tuning: the loss",
                       checkpoint_note=f" in {output_dir}")
@@ -124,15 +124,19 @@ def _rng_kept(device):
     return torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [])
 
 
-def _task_loss(config, task, teacher, device):
+def _task_loss(config, task, teacher, device, train_loader=None):
     """``loss(model, batch)``: the model's own task loss; with ``config.kd_weight`` ``a``,
     ``(1-a)·task + a·KD`` toward ``teacher``'s outputs (moved to ``device``) on the same batch. An
-    embedding task's loss is the distance of the embeddings to the teacher's (its labels): :func:`_embedding_loss`.
-    A term the task cannot take is a one-line error (``FinetuneConfig.check_task_loss``)."""
+    embedding task's loss is the distance of the embeddings to the teacher's (its labels): :func:`_embedding_loss`
+    (``train_loader``: the training split, whose labels are the similarity term's anchors with
+    ``similarity_anchors: train``). A term the task cannot take is a one-line error (``FinetuneConfig.check_task_loss``)."""
     is_embedding = getattr(task, "is_embedding", False)
     config.check_task_loss(is_embedding)
     if is_embedding:  # the labels are the teacher's embeddings
-        return _embedding_loss(config, task)
+        anchors = None
+        if config.similarity_weight and config.similarity_anchors == "train":
+            anchors = torch.tensor(train_loader.dataset["label"][:], dtype=torch.float32, device=device)
+        return _embedding_loss(config, task, anchors)
     if config.kd_weight and teacher is None:
         raise LinearizeError("kd_weight > 0 needs the softmax teacher to distil from (pass --teacher)")
     if not config.kd_weight:
@@ -152,9 +156,10 @@ def _task_loss(config, task, teacher, device):
     return loss
 
 
-def _embedding_loss(config, task):
+def _embedding_loss(config, task, anchors=None):
     """``loss(model, batch)`` of an embedding student: the MSE to the teacher's embeddings (the batch's labels),
-    plus ``config.similarity_weight`` times the similarity term (:mod:`linearize.embeddings`)."""
+    plus ``config.similarity_weight`` times the similarity term (:mod:`linearize.embeddings`) over ``anchors``
+    (the training split's teacher embeddings; None: the batch's)."""
     from ..embeddings import distillation_loss, embed, similarity_distillation_loss
 
     def loss(model, batch):
@@ -162,7 +167,7 @@ def _embedding_loss(config, task):
         value = distillation_loss(student, batch["labels"])
         if config.similarity_weight:
             value = value + config.similarity_weight * similarity_distillation_loss(
-                student, batch["labels"], config.similarity_temperature)
+                student, batch["labels"], config.similarity_temperature, anchors)
         return value
 
     return loss

@@ -421,7 +421,9 @@ def _similarity_term(recipe):
     if not stage2.get("similarity_weight"):
         return ""
     temperature = stage2.get("similarity_temperature", FinetuneConfig.similarity_temperature)  # a recipe may leave it out
-    return (f" and how each text ranks the other texts of its batch (CompRess, Abbasi Koohpayegani et al. 2020: weight "
+    anchors = stage2.get("similarity_anchors", FinetuneConfig.similarity_anchors)
+    others = "every other training text" if anchors == "train" else "the other texts of its batch"
+    return (f" and how each text ranks {others} (CompRess, Abbasi Koohpayegani et al. 2020: weight "
             f"{stage2['similarity_weight']:g}, temperature {temperature:g})")
 
 
