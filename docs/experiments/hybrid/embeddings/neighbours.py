@@ -10,6 +10,10 @@ the teacher and a student folder as a user loads them (sentence-transformers, ``
 
     PYTHONPATH=. python docs/experiments/hybrid/embeddings/neighbours.py TEACHER_DIR STUDENT_DIR \\
         --out docs/experiments/hybrid/embeddings/neighbours --threads 1
+
+``--split train``: a seeded sample of as many of the 1,080 *training* reviews (the student trained on them, cut at
+512 tokens), in a pool of the same size: whether the student's neighbours are wrong on the reviews it fitted too
+(an error of fit) or on the held-out ones only (an error of generalisation).
 """
 import argparse
 import json
@@ -55,7 +59,8 @@ def render(result):
     noise, cut, shorter = result["noise_top10_overlap_at_cosine"], result["by_length"]["cut"], result["by_length"]["shorter"]
     gaps, quantiles = result["teacher_gap_10th_11th"].values(), result["per_review_cosine_quantiles"].values()
     return "\n".join([
-        f"# Neighbours of the {result['reviews']} held-out reviews: {result['name']}", "",
+        f"# Neighbours of {result['reviews']} {'training' if result.get('split') == 'train' else 'held-out'} reviews: "
+        f"{result['name']}", "",
         f"Student: doc cosine {result['doc_cosine']:.4f}, doc top-10 overlap {result['doc_top10_overlap']:.3f}.", "",
         "| the teacher's embeddings with isotropic noise, mean cosine | " + " | ".join(noise) + " |",
         "|:--|" + "--:|" * len(noise),
@@ -76,10 +81,15 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--split", choices=("test", "train"), default="test",
+                        help="the held-out reviews, or as many training reviews (seeded sample)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reviews, _ = load_task_data("moviereviews-long", seed=0)
     texts = list(reviews["test"]["text"])
+    if args.split == "train":
+        pool = list(reviews["train"]["text"])
+        texts = [pool[i] for i in sorted(np.random.default_rng(0).choice(len(pool), len(texts), replace=False))]
     teacher, student = embed(args.teacher, texts, args.length), embed(args.student, texts, args.length)
     from transformers import AutoTokenizer
 
@@ -96,7 +106,7 @@ def main():
     short = tokens < args.length
     result = {
         "student": str(args.student), "name": args.student.parent.name if args.student.name == "model"
-        else args.student.name, "reviews": len(texts), "length": args.length,
+        else args.student.name, "reviews": len(texts), "split": args.split, "length": args.length,
         "doc_cosine": mean_cosine(student, teacher), "doc_top10_overlap": top_k_overlap(student, teacher),
         "reviews_cut_at_length": int((~short).sum()),
         "by_length": {"shorter": {"count": int(short.sum()), "cosine": float(per_cosine[short].mean()) if short.any()
