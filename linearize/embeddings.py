@@ -139,12 +139,14 @@ def similarity_distillation_loss(student, teacher, temperature, anchors=None):
     student = functional.normalize(student.float(), dim=-1)
     teacher = functional.normalize(teacher.float(), dim=-1)
     anchors = teacher if anchors is None else functional.normalize(anchors.float().to(teacher.device), dim=-1)
-    own = teacher @ anchors.T > 1 - 1e-5  # [b, n]: text i's own embedding (and any identical text's)
+    teacher_similarity = teacher @ anchors.T  # [b, n]
+    own = teacher_similarity > 1 - 1e-5  # text i's own embedding (and any identical text's)
     if bool(own.all(dim=-1).any()):  # a text with no other anchor (a batch of one, an epoch's last): nothing to rank
         return student.sum() * 0.0
 
-    def ranking(query):  # [b, n]: log softmax of each text's similarities to the anchors, its own left out
-        return torch.log_softmax((query @ anchors.T / temperature).masked_fill(own, -1e9), dim=-1)
+    def ranking(similarity):  # [b, n]: log softmax of each text's similarities to the anchors, its own left out
+        return torch.log_softmax((similarity / temperature).masked_fill(own, -1e9), dim=-1)
 
     # the own anchors' log-probabilities are ~-1e9 in both: exp(-1e9) = 0 weighs their (finite) difference out
-    return functional.kl_div(ranking(student), ranking(teacher), reduction="batchmean", log_target=True)
+    return functional.kl_div(ranking(student @ anchors.T), ranking(teacher_similarity), reduction="batchmean",
+                             log_target=True)
