@@ -9,10 +9,10 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl typer==0.29.2 transformers==5.24.0 #     pydantic pydantic-core annotated-types typing-inspection typing_extensions
 # then: device run `bash docs/experiments/bench/gpu_battery.sh`, carry [".whl"], timeout ~420 s.
 # Arguments: the steps to run (default all): pytest steps bench-bf16 bench-long bench-fp32 kernels
-# bench-long-hybrid user-state user-state-compiled.
+# bench-long-hybrid user-state user-state-compiled flex (hybrid RESULTS §13: flex_attention's exact part).
 # The MiniLM checkpoint (80 MB) does not travel: bench long measures its geometry with random weights.
 set -u
-WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32 kernels bench-long-hybrid user-state user-state-compiled} "
+WANT=" ${*:-pytest steps bench-bf16 bench-long bench-fp32 kernels bench-long-hybrid user-state user-state-compiled flex} "
 RES=/tmp/results; mkdir -p "$RES"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -60,4 +60,5 @@ step bench-long-hybrid 150 $L bench long --device cuda --dtype bf16 --geometries
 step bench-fp32 60 $L bench attention --device cuda --dtype fp32 --seq-lens 512,2048,4096,8192,16384,32768 --model none --out "$RES/bench-cuda-fp32"
 step bench-bf16 90 $L bench attention --device cuda --dtype bf16 --seq-lens 512,2048,4096,8192,16384,32768 --model none --out "$RES/bench-cuda-bf16"
 step steps 120 python3 docs/experiments/bench/gpu_steps.py --device cuda --out "$RES/steps"
+step flex 120 python3 docs/experiments/hybrid/flex_probe.py --device cuda --seq-lens 2048,8192,32768
 echo done
