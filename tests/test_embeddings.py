@@ -267,6 +267,29 @@ def test_train_documents_where_they_cannot_take_effect_are_one_line(task, settin
         load_recipe("minilm-embeddings", overrides=parse_set([f"task={task}", "data.train_documents=true", *setting]))
 
 
+def test_a_recipes_documents_yield_to_the_users_own_corpus_or_task(tmp_path, monkeypatch):
+    """A recipe file that adds the whole reviews (data.train_documents: true) keeps them on its default corpus; the
+    user's own files (--train-file, data.*_file) or another task replace that corpus and the reviews with it; the
+    user's own train_documents setting is the config's to check."""
+    import yaml
+
+    from linearize.config import OptionError
+    from linearize.recipes import RECIPE_DIR, load_recipe, parse_set
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sentences.txt").write_text("a sentence\n")
+    recipe = yaml.safe_load((RECIPE_DIR / "minilm-embeddings.yaml").read_text())
+    recipe["data"]["train_documents"] = True
+    (tmp_path / "documents.yaml").write_text(yaml.safe_dump(recipe))
+    assert load_recipe("documents.yaml").data.train_documents
+    for setting in (["data.train_file=sentences.txt"], ["task=moviereviews"]):
+        config = load_recipe("documents.yaml", overrides=parse_set(setting))
+        assert not config.data.train_documents, setting
+    with pytest.raises(OptionError, match="data.train_file replaces that corpus"):
+        load_recipe("documents.yaml", overrides=parse_set(["data.train_file=sentences.txt",
+                                                           "data.train_documents=true"]))
+
+
 def test_single_stages_on_embeddings_keep_the_sentence_transformers_folder(tiny_st, corpus, tmp_path):
     data = ["--task", "embeddings", "--train-file", str(corpus / "sentences.txt"), "--max-length", "24"]
     distilled, tuned = tmp_path / "s1", tmp_path / "s2"

@@ -58,6 +58,21 @@ def parse_set(pairs):
     return nested
 
 
+def _own_corpus_replaces_documents(recipe, recipe_file, overrides):
+    """A recipe file's ``data.train_documents`` adds whole reviews to its task's default corpus; the user's own
+    corpus (a data file or folder in ``overrides``) or another task replaces that corpus, and the reviews go with
+    it, unless the overrides set ``train_documents`` themselves (then the config's check answers)."""
+    given = overrides.get("data") or {}
+    if not recipe["data"].get("train_documents") or "train_documents" in given:
+        return recipe
+    from ..data import FILE_OPTIONS
+
+    own = any(given.get(name) is not None for name in (*FILE_OPTIONS, "data_dir"))
+    if own or overrides.get("task") not in (None, recipe_file.get("task")):
+        recipe["data"] = {**recipe["data"], "train_documents": False}
+    return recipe
+
+
 def _scalar(text):
     """A YAML scalar; numbers YAML 1.1 leaves as strings (``1e-2``, ``5E-5``) become floats
     (here and in recipe files)."""
@@ -91,7 +106,7 @@ def load_recipe(name_or_path=None, *, overrides=None, quick=False, check_model=T
         recipe["name"] = path.stem
     if quick:
         recipe = merge(recipe, recipe.get("quick") or {})
-    recipe = merge(recipe, overrides or {})
+    recipe = _own_corpus_replaces_documents(merge(recipe, overrides or {}), data, overrides or {})
     for key in ("model", "task"):
         if not recipe[key]:
             raise LinearizeError(f"recipe {recipe['name']!r} sets no {key!r}")
