@@ -357,9 +357,9 @@ class DataConfig(Config):
         if kind != "embeddings":
             raise OptionError("data.train_documents adds whole reviews to the embeddings task's corpus; this task "
                               "is not an embedding task: leave it out")
-        from .data import FILE_OPTIONS
+        from .data import CORPUS_OPTIONS
 
-        given = [name for name in (*FILE_OPTIONS, "data_dir") if getattr(self, name) is not None]
+        given = [name for name in CORPUS_OPTIONS if getattr(self, name) is not None]
         if given:
             raise OptionError(f"data.train_documents adds moviereviews-long's reviews to the default corpus, and "
                               f"data.{given[0]} replaces that corpus: put your documents in your own files instead")

@@ -124,6 +124,8 @@ TASK_OPTIONS = {
 #: the options a task may not read (``text_column`` when it is not its default, "text": see
 #: :func:`given_text_column`)
 FILE_OPTIONS = ("train_file", "validation_file", "test_file", "data_file")
+#: the options that give the user's own corpus in place of a task's default one (paths: ``~`` expands)
+CORPUS_OPTIONS = (*FILE_OPTIONS, "data_dir")
 CHECKED_OPTIONS = ("data_dir", *FILE_OPTIONS, "text_column", "text_pair_column", "label_column")
 
 

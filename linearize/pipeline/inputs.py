@@ -265,11 +265,10 @@ def load_data(task, data):
     """``(DatasetDict, TaskSpec)`` of ``task`` as the data section ``data`` (:class:`DataConfig`)
     says, cut to ``max_train_examples`` / ``max_eval_examples`` (a seeded shuffle first); a
     validation split is required."""
-    from ..data import load_task_data
+    from ..data import CORPUS_OPTIONS, load_task_data
 
-    paths = ("data_dir", "data_file", "train_file", "validation_file", "test_file")
-    keys = (*paths, "text_column", "text_pair_column", "label_column", "dev_fraction")  # not similarity_file
-    given = {k: os.path.expanduser(getattr(data, k)) if k in paths else getattr(data, k)
+    keys = (*CORPUS_OPTIONS, "text_column", "text_pair_column", "label_column", "dev_fraction")  # not similarity_file
+    given = {k: os.path.expanduser(getattr(data, k)) if k in CORPUS_OPTIONS else getattr(data, k)
              for k in keys if getattr(data, k) is not None}  # ~/glue
     dataset, spec = load_task_data(task, seed=data.seed, is_regression=data.regression, **given)
     for split in list(dataset):

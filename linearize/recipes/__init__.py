@@ -65,9 +65,9 @@ def _own_corpus_replaces_documents(recipe, recipe_file, overrides):
     given = overrides.get("data") or {}
     if not recipe["data"].get("train_documents") or "train_documents" in given:
         return recipe
-    from ..data import FILE_OPTIONS
+    from ..data import CORPUS_OPTIONS
 
-    own = any(given.get(name) is not None for name in (*FILE_OPTIONS, "data_dir"))
+    own = any(given.get(name) is not None for name in CORPUS_OPTIONS)
     if own or overrides.get("task") not in (None, recipe_file.get("task")):
         recipe["data"] = {**recipe["data"], "train_documents": False}
     return recipe
