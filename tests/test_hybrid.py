@@ -185,12 +185,22 @@ def count_chunked_calls(monkeypatch):
 CHUNKABLE = [(name, opts) for name, opts in METHOD_CASES if make(name, opts).chunkable]
 
 
+@pytest.fixture(params=["one-product", "per-row"])
+def window_products(request, monkeypatch):
+    """The exact part's window products both ways (``hybrid_chunked.PER_ROW_MIN_BLOCK``): one batched product
+    over every window, or one per row, skipping the windows centred on the padding between rows."""
+    from linearize.attention import hybrid_chunked
+    monkeypatch.setattr(hybrid_chunked, "PER_ROW_MIN_BLOCK", 10**9 if request.param == "one-product" else 1)
+    return request.param
+
+
 @pytest.mark.parametrize("name,opts", CHUNKABLE, ids=[f"{name}{opts or ''}" for name, opts in CHUNKABLE])
-def test_chunked_path_over_several_chunks_equals_the_reference(name, opts):
+def test_chunked_path_over_several_chunks_equals_the_reference(name, opts, window_products):
     """The inference path in chunks of whole blocks (``hybrid_chunked``): chunk boundaries inside the
     sequence, a last chunk with a partial block, sinks in any chunk, padding on either side; keys that grow
     along the sequence, so a log-scaled map's running max rises from chunk to chunk (the sums so far are
-    rescaled); lengths in decreasing order, so the reused buffers are larger than a call needs."""
+    rescaled); lengths in decreasing order, so the reused buffers are larger than a call needs; the window
+    products both ways."""
     fm = make(name, opts)
     gamma = torch.tensor([0.5, 2.0])
     for n, radius, chunk in [(70, 4, 8), (70, 7, 21), (45, 5, 5), (30, 4, 100)]:
@@ -209,11 +219,12 @@ def test_chunked_path_over_several_chunks_equals_the_reference(name, opts):
 
 
 @pytest.mark.parametrize("name,opts", [("hedgehog", {}), ("performer", {})], ids=["hedgehog", "performer"])
-def test_chunked_path_without_padding_at_every_edge_length(name, opts):
+def test_chunked_path_without_padding_at_every_edge_length(name, opts, window_products):
     """Without padding the chunked path finds the keys and sinks each window leaves out from the length alone
     (slices, not masks) and, for a sequence of one chunk, reads the keys' halo for both passes: lengths of one
     token, shorter than a block, a block and one more, whole blocks, one short of a block; sinks in and out of
-    every window; one chunk, and chunks of one and two blocks; a log-scaled map too (Performer)."""
+    every window; one chunk, and chunks of one and two blocks; a log-scaled map too (Performer); the window
+    products both ways."""
     fm = make(name, opts)
     gamma = torch.tensor([0.5, 2.0])
     radius = 4

@@ -274,7 +274,7 @@ def _windows(halo, block):
     """The windows of ``halo [rows·(blocks + 2), R, w]`` (contiguous): ``[rows·(blocks + 2) − 2, 3R, w]``, window
     ``g`` the halo blocks ``g, g + 1, g + 2`` (the keys of the queries of block ``g + 1``). A view: consecutive
     blocks are consecutive in memory, so every window is a strided slice and one batched product reads them all
-    without a copy (the windows centred on the padding blocks between two rows are computed and not used)."""
+    without a copy (:func:`_window_products` says which of them it computes)."""
     total, _, width = halo.shape
     return halo.as_strided((total - 2, 3 * block, width), (block * width, width, 1), halo.storage_offset())
 
@@ -293,13 +293,13 @@ def _real_keys(keys, start, stop):
     return real.view(keys.batch, count + 2, block)
 
 
-def _hide_keys(scores, keys, real, start):
-    """``-inf`` on the window scores (``scores [rows·(blocks + 2), R, 3R]``, block ``c``'s queries against its
-    window; the chunk's first query is the token ``start``) of keys that are not real (``real [B, blocks + 2, R]``:
+def _hide_keys(inner, keys, real, start):
+    """``-inf`` on the window scores (``inner [rows, blocks, R, 3R]``, each block's queries against its window; the
+    chunk's first query is the token ``start``) of keys that are not real (``real [B, blocks + 2, R]``:
     :func:`_real_keys`). Without padding only the windows at the sequence's ends hold such keys, and only they are
     touched."""
     block, count = keys.block, real.shape[1] - 2
-    view = scores.view(keys.heads, keys.batch, count + 2, block, 3 * block)[:, :, 1:count + 1]
+    view = inner.unflatten(0, (keys.heads, keys.batch))
     if keys.padded:
         windows = real.view(keys.batch, -1).unfold(1, 3 * block, block)  # [B, blocks, 3R]: block c + 1's window
         view.masked_fill_(~windows[None, :, :, None, :], float("-inf"))
@@ -336,19 +336,21 @@ def _exact_window_part(queries, keys, start, stop, real):
     """The exact part over each query's window: ``num [rows·(blocks + 2), R, d + 1]`` (``Σ_j exp(s_ij − c_i)[v_j,
     1]`` over the window's real keys: the numerator and, as the last column, the normaliser), the sinks'
     weights ``exp(s_is − c_i)`` (``[rows, halo, S]``, zero where a sink is not exact for the query; None without
-    sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. The first and the
-    last halo block's rows are padding (not written, not used)."""
+    sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. Each row's first and
+    last halo block are padding: zero in ``num`` and in the sinks' weights."""
     total, block, _ = queries.shape
+    rows = keys.rows
+    count = total // rows - 2
     halo_keys = keys.halo_keys if keys.whole else _halo(keys.k, keys, start, stop, keys.root,
                                                         "linearize.hybrid.halo_keys")
     window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
-    scores = window[1:-1]
-    torch.bmm(queries[1:-1], _windows(halo_keys, block).transpose(1, 2), out=scores)
-    _hide_keys(window, keys, real, start)
-    top = scores.amax(dim=-1, keepdim=True)
+    _window_products(queries, halo_keys, window, rows, transpose=True)
+    inner = window.view(rows, count + 2, block, 3 * block)[:, 1:count + 1]  # the scores of real query blocks
+    _hide_keys(inner, keys, real, start)
+    top = inner.amax(dim=-1, keepdim=True)
     sink = None
     if keys.sinks:  # the sink keys' scores, -inf where the sink is not exact for the query's block
-        sink = torch.bmm(queries.view(keys.rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2))
+        sink = torch.bmm(queries.view(rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2))
         by_block = sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1])
         if keys.sink_list is not None:
             exact = _near_sinks(keys, start, stop)
@@ -357,21 +359,49 @@ def _exact_window_part(queries, keys, start, stop, real):
         else:
             exact = _exact_sinks(keys, start, stop)
             by_block.masked_fill_(~exact[None, :, :, None, :], float("-inf"))
-        top = torch.maximum(top, sink.view(total, block, -1)[1:-1].amax(dim=-1, keepdim=True))
+        sink_inner = sink.view(rows, count + 2, block, -1)[:, 1:count + 1]
+        top = torch.maximum(top, sink_inner.amax(dim=-1, keepdim=True))
     if keys.padded:  # a query whose window and sinks hold no real key: c_i = 0 (without padding each has its own)
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    scores.sub_(top).exp_()
+    inner.sub_(top).exp_()
     num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
     values = keys.halo_values if keys.whole else _halo_values(keys, start, stop, real)
-    torch.bmm(scores, _windows(values, block), out=num[1:-1])
-    num[0].zero_()
-    num[-1].zero_()
+    _window_products(window, values, num, rows, transpose=False)
+    _zero_padding_blocks(num, rows)
     if sink is not None:
-        flat = sink.view(total, block, -1)
-        flat[1:-1].sub_(top).exp_()
-        flat[0].zero_()
-        flat[-1].zero_()
+        sink_inner.sub_(top).exp_()
+        _zero_padding_blocks(sink.view(total, block, -1), rows)
     return num, sink, exact if keys.sinks else None
+
+
+#: from this block size (``R``) on, :func:`_window_products` runs one product per row and skips the windows centred
+#: on the padding blocks between rows (two of every ``blocks + 2``); below it, one product over every window costs
+#: less than a call per row (measured: docs/experiments/hybrid RESULTS, "Padding windows")
+PER_ROW_MIN_BLOCK = 64
+
+
+def _window_products(left, halo, out, rows, transpose):
+    """``out``'s blocks = ``left``'s blocks times their windows of ``halo`` (:func:`_windows`; transposed for the
+    scores, as they are for the values), for every halo block that holds queries (``left``, ``out``: ``[rows·(blocks
+    + 2), R, ·]``). Each row's padding blocks of ``out`` are left as they are: garbage below, or unused but finite
+    (:data:`PER_ROW_MIN_BLOCK`: whether the windows centred on the padding between rows are computed)."""
+    total, block = left.shape[:2]
+    if block < PER_ROW_MIN_BLOCK:
+        windows = _windows(halo, block)
+        torch.bmm(left[1:-1], windows.transpose(1, 2) if transpose else windows, out=out[1:-1])
+        return
+    size = total // rows
+    for first in range(0, total, size):
+        windows = _windows(halo[first:first + size], block)
+        torch.bmm(left[first + 1:first + size - 1], windows.transpose(1, 2) if transpose else windows,
+                  out=out[first + 1:first + size - 1])
+
+
+def _zero_padding_blocks(halo, rows):
+    """Zero each row's first and last block of a ``[rows·(blocks + 2), R, w]`` halo layout."""
+    by_row = halo.view(rows, -1, *halo.shape[1:])
+    by_row[:, 0].zero_()
+    by_row[:, -1].zero_()
 
 
 def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):

@@ -4,8 +4,8 @@ each build's bundled attention code (``hf_remote_code.bundled_sources``: what a 
 process (two builds in one process disturb each other: the second one loaded ran ~10% slower whichever it was).
 
 A row is ``method:BxN`` (pure linear attention, ``[B, H, N, d]`` views of ``[B, N, H, d]`` tensors as BERT passes
-them, MiniLM's 12 heads of 32) or ``hyb:method:BxN`` (hybrid, R = 32 + first); ``lunar`` is the default recipe's
-LUNA (M = 16, per-head projections). Each process: ``torch.inference_mode()``, 2 threads, 3 warm-up calls, the
+them, MiniLM's 12 heads of 32) or ``hyb:method:BxN`` (hybrid, R = 32 + first; ``hybR:method:BxN`` another window,
+e.g. ``hyb192``); ``lunar`` is the default recipe's LUNA (M = 16, per-head projections). Each process: ``torch.inference_mode()``, 2 threads, 3 warm-up calls, the
 median of 30; a row's figure is the median over ``--rounds`` processes of each build.
 
     PYTHONPATH=. python docs/experiments/user-state/bundles_ab.py --before 2e337e6 --rounds 4 \\
@@ -37,7 +37,8 @@ spec.loader.exec_module(mod)
 heads, dim, medians = 12, 32, {}
 for row in sys.argv[2:]:
     parts = row.split(":")
-    hybrid, method, (batch, seq) = parts[0] == "hyb", parts[-2], map(int, parts[-1].split("x"))
+    hybrid, method, (batch, seq) = parts[0].startswith("hyb"), parts[-2], map(int, parts[-1].split("x"))
+    radius = int(parts[0][3:] or 32) if hybrid else 0
     options = {"projections": 16, "shared_projections": False} if method == "lunar" else {}
     g = torch.Generator().manual_seed(0)
     q, k, v = (t.transpose(1, 2) for t in torch.randn(3, batch, seq, heads, dim, generator=g))
@@ -47,10 +48,10 @@ for row in sys.argv[2:]:
         for p in fm.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     if hybrid:
-        fm.make_hybrid(32, "first")
+        fm.make_hybrid(radius, "first")
         sinks = mod.sink_positions(None, batch, seq, mod.parse_sinks("first"), q.device)
         gamma = fm.hybrid_gamma().detach()
-        call = lambda: mod.chunked_hybrid_attention(q, k, v, fm, 32, sinks, gamma, None, None, 1e-6)
+        call = lambda: mod.chunked_hybrid_attention(q, k, v, fm, radius, sinks, gamma, None, None, 1e-6)
     else:
         call = lambda: mod.linear_attention(q, k, v, fm)
     with torch.inference_mode():
