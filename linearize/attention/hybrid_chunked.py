@@ -376,7 +376,7 @@ def _exact_window_part(queries, keys, start, stop, real):
 
 #: from this block size (``R``) on, :func:`_window_products` runs one product per row and skips the windows centred
 #: on the padding blocks between rows (two of every ``blocks + 2``); below it, one product over every window costs
-#: less than a call per row (measured: docs/experiments/hybrid RESULTS, "Padding windows")
+#: less than a call per row (measured: docs/experiments/hybrid/RESULTS.md §14)
 PER_ROW_MIN_BLOCK = 64
 
 
