@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from .core import (cast_finite, chunk_tokens, features_in_buffer, features_of_chunk, guard_denominator,
+from .core import (LOG2_E, cast_finite, chunk_tokens, features_in_buffer, features_of_chunk, guard_denominator,
                    log_scaled_chunk, real_key_mask, scratch, value_guard)
 
 
@@ -336,21 +336,22 @@ def _exact_window_part(queries, keys, start, stop, real):
     """The exact part over each query's window: ``num [rows·(blocks + 2), R, d + 1]`` (``Σ_j exp(s_ij − c_i)[v_j,
     1]`` over the window's real keys: the numerator and, as the last column, the normaliser), the sinks'
     weights ``exp(s_is − c_i)`` (``[rows, halo, S]``, zero where a sink is not exact for the query; None without
-    sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. Each row's first and
-    last halo block are padding: zero in ``num`` and in the sinks' weights."""
+    sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. The scores are formed
+    times log₂ e, so every ``exp`` is an ``exp2`` (:data:`core.LOG2_E`). Each row's first and last halo block are
+    padding: zero in ``num`` and in the sinks' weights."""
     total, block, _ = queries.shape
     rows = keys.rows
     count = total // rows - 2
     halo_keys = keys.halo_keys if keys.whole else _halo(keys.k, keys, start, stop, keys.root,
                                                         "linearize.hybrid.halo_keys")
     window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
-    _window_products(queries, halo_keys, window, rows, transpose=True)
+    _window_products(queries, halo_keys, window, rows, transpose=True, alpha=LOG2_E)  # scores times log₂ e: exp2
     inner = window.view(rows, count + 2, block, 3 * block)[:, 1:count + 1]  # the scores of real query blocks
     _hide_keys(inner, keys, real, start)
     top = inner.amax(dim=-1, keepdim=True)
     sink = None
     if keys.sinks:  # the sink keys' scores, -inf where the sink is not exact for the query's block
-        sink = torch.bmm(queries.view(rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2))
+        sink = torch.bmm(queries.view(rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2)).mul_(LOG2_E)
         by_block = sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1])
         if keys.sink_list is not None:
             exact = _near_sinks(keys, start, stop)
@@ -363,13 +364,13 @@ def _exact_window_part(queries, keys, start, stop, real):
         top = torch.maximum(top, sink_inner.amax(dim=-1, keepdim=True))
     if keys.padded:  # a query whose window and sinks hold no real key: c_i = 0 (without padding each has its own)
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    inner.sub_(top).exp_()
+    inner.sub_(top).exp2_()
     num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
     values = keys.halo_values if keys.whole else _halo_values(keys, start, stop, real)
-    _window_products(window, values, num, rows, transpose=False)
+    _window_products(window, values, num, rows, transpose=False, alpha=1.0)
     _zero_padding_blocks(num, rows)
     if sink is not None:
-        sink_inner.sub_(top).exp_()
+        sink_inner.sub_(top).exp2_()
         _zero_padding_blocks(sink.view(total, block, -1), rows)
     return num, sink, exact if keys.sinks else None
 
@@ -380,21 +381,22 @@ def _exact_window_part(queries, keys, start, stop, real):
 PER_ROW_MIN_BLOCK = 64
 
 
-def _window_products(left, halo, out, rows, transpose):
-    """``out``'s blocks = ``left``'s blocks times their windows of ``halo`` (:func:`_windows`; transposed for the
-    scores, as they are for the values), for every halo block that holds queries (``left``, ``out``: ``[rows·(blocks
-    + 2), R, ·]``). Each row's padding blocks of ``out`` are left as they are: garbage below, or unused but finite
+def _window_products(left, halo, out, rows, transpose, alpha):
+    """``out``'s blocks = ``alpha`` × ``left``'s blocks times their windows of ``halo`` (:func:`_windows`; transposed
+    for the scores, as they are for the values), for every halo block that holds queries (``left``, ``out``:
+    ``[rows·(blocks + 2), R, ·]``; ``alpha`` rides in the product, ``beta = 0``: what ``out`` held is ignored). Each row's padding blocks of ``out`` are left as they are: garbage below, or unused but finite
     (:data:`PER_ROW_MIN_BLOCK`: whether the windows centred on the padding between rows are computed)."""
     total, block = left.shape[:2]
     if block < PER_ROW_MIN_BLOCK:
         windows = _windows(halo, block)
-        torch.bmm(left[1:-1], windows.transpose(1, 2) if transpose else windows, out=out[1:-1])
+        torch.baddbmm(out[1:-1], left[1:-1], windows.transpose(1, 2) if transpose else windows, beta=0, alpha=alpha,
+                      out=out[1:-1])
         return
     size = total // rows
     for first in range(0, total, size):
-        windows = _windows(halo[first:first + size], block)
-        torch.bmm(left[first + 1:first + size - 1], windows.transpose(1, 2) if transpose else windows,
-                  out=out[first + 1:first + size - 1])
+        windows, part = _windows(halo[first:first + size], block), out[first + 1:first + size - 1]
+        torch.baddbmm(part, left[first + 1:first + size - 1], windows.transpose(1, 2) if transpose else windows, beta=0,
+                      alpha=alpha, out=part)
 
 
 def _zero_padding_blocks(halo, rows):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..core import LOG2_E
 from .base import FeatureMap, MethodOptions, at_least, per_head_matmul, register_feature_map, seeded_generator
 
 
@@ -50,8 +51,6 @@ def positive_random_features(x, omega, num_features):
     return features_from_projection(proj, x.pow(2).sum(dim=-1, keepdim=True), num_features)
 
 
-#: log₂(e): exp(a) = 2^(a·log₂ e), and ``exp2`` is about twice as fast as ``exp`` on CPU
-LOG2_E = 1.0 / math.log(2.0)
 
 
 def features_from_projection(proj, squared_norm, num_features, out=None):
