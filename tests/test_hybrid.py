@@ -185,12 +185,14 @@ def count_chunked_calls(monkeypatch):
 CHUNKABLE = [(name, opts) for name, opts in METHOD_CASES if make(name, opts).chunkable]
 
 
-@pytest.fixture(params=["one-product", "per-row"])
+@pytest.fixture(params=["all-rows", "per-row", "a-few-rows"])
 def window_products(request, monkeypatch):
-    """The exact part's window products both ways (``hybrid_chunked.PER_ROW_MIN_BLOCK``): one batched product
-    over every window, or one per row, skipping the windows centred on the padding between rows."""
+    """The exact part both ways (``hybrid_chunked.SCORES_BYTES``): every row at once (the windows centred on
+    the padding between rows computed and not used), row by row in a reused buffer, skipping them, or in groups of a
+    few rows (a last group smaller than the others)."""
     from linearize.attention import hybrid_chunked
-    monkeypatch.setattr(hybrid_chunked, "PER_ROW_MIN_BLOCK", 10**9 if request.param == "one-product" else 1)
+    budget = {"all-rows": 2**40, "per-row": 0, "a-few-rows": 16_000}[request.param]  # groups of 2-4 of the 6 rows
+    monkeypatch.setattr(hybrid_chunked, "SCORES_BYTES", budget)
     return request.param
 
 

@@ -274,7 +274,7 @@ def _windows(halo, block):
     """The windows of ``halo [rows·(blocks + 2), R, w]`` (contiguous): ``[rows·(blocks + 2) − 2, 3R, w]``, window
     ``g`` the halo blocks ``g, g + 1, g + 2`` (the keys of the queries of block ``g + 1``). A view: consecutive
     blocks are consecutive in memory, so every window is a strided slice and one batched product reads them all
-    without a copy (:func:`_window_products` says which of them it computes)."""
+    without a copy (:func:`_exact_rows` says which of them it computes)."""
     total, _, width = halo.shape
     return halo.as_strided((total - 2, 3 * block, width), (block * width, width, 1), halo.storage_offset())
 
@@ -294,21 +294,20 @@ def _real_keys(keys, start, stop):
 
 
 def _hide_keys(inner, keys, real, start):
-    """``-inf`` on the window scores (``inner [rows, blocks, R, 3R]``, each block's queries against its window; the
-    chunk's first query is the token ``start``) of keys that are not real (``real [B, blocks + 2, R]``:
-    :func:`_real_keys`). Without padding only the windows at the sequence's ends hold such keys, and only they are
-    touched."""
-    block, count = keys.block, real.shape[1] - 2
-    view = inner.unflatten(0, (keys.heads, keys.batch))
+    """``-inf`` on the window scores (``inner [n, blocks, R, 3R]``, each block's queries against its window, for
+    ``n`` rows; the chunk's first query is the token ``start``) of keys that are not real (``real [n, blocks + 2,
+    R]``: :func:`_real_keys` of each row's sequence). Without padding only the windows at the sequence's ends hold
+    such keys, and only they are touched."""
+    block, count = keys.block, inner.shape[1]
     if keys.padded:
-        windows = real.view(keys.batch, -1).unfold(1, 3 * block, block)  # [B, blocks, 3R]: block c + 1's window
-        view.masked_fill_(~windows[None, :, :, None, :], float("-inf"))
+        windows = real.view(real.shape[0], -1).unfold(1, 3 * block, block)  # [n, blocks, 3R]: block c + 1's window
+        inner.masked_fill_(~windows[:, :, None, :], float("-inf"))
         return
     for index, g in enumerate(range(start // block, start // block + count)):  # block g: tokens (g − 1)R .. (g + 2)R − 1
         if g == 0:  # its window's first block lies before the sequence
-            view[:, :, index, :, :block].fill_(float("-inf"))
+            inner[:, index, :, :block].fill_(float("-inf"))
         if (g + 2) * block > keys.seq:  # and its end after it
-            view[:, :, index, :, keys.seq - (g - 1) * block:].fill_(float("-inf"))
+            inner[:, index, :, keys.seq - (g - 1) * block:].fill_(float("-inf"))
 
 
 def _near_sinks(keys, start, stop):
@@ -338,65 +337,72 @@ def _exact_window_part(queries, keys, start, stop, real):
     weights ``exp(s_is − c_i)`` (``[rows, halo, S]``, zero where a sink is not exact for the query; None without
     sinks) and their values ``[v_s, 1]``. ``c_i`` is the largest exact score of the query. The scores are formed
     times log₂ e, so every ``exp`` is an ``exp2`` (:data:`core.LOG2_E`). Each row's first and last halo block are
-    padding: zero in ``num`` and in the sinks' weights."""
+    padding: zero in ``num`` and in the sinks' weights. The rows run in groups (:data:`SCORES_BYTES`)."""
     total, block, _ = queries.shape
     rows = keys.rows
-    count = total // rows - 2
+    size = total // rows  # halo blocks per row
     halo_keys = keys.halo_keys if keys.whole else _halo(keys.k, keys, start, stop, keys.root,
                                                         "linearize.hybrid.halo_keys")
-    window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
-    _window_products(queries, halo_keys, window, rows, transpose=True, alpha=LOG2_E)  # scores times log₂ e: exp2
-    inner = window.view(rows, count + 2, block, 3 * block)[:, 1:count + 1]  # the scores of real query blocks
-    _hide_keys(inner, keys, real, start)
-    top = inner.amax(dim=-1, keepdim=True)
-    sink = None
-    if keys.sinks:  # the sink keys' scores, -inf where the sink is not exact for the query's block
-        sink = torch.bmm(queries.view(rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2)).mul_(LOG2_E)
-        by_block = sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1])
-        if keys.sink_list is not None:
-            exact = _near_sinks(keys, start, stop)
-            for index, first, last in exact:
-                by_block[:, :, first:last, :, index].fill_(float("-inf"))
-        else:
-            exact = _exact_sinks(keys, start, stop)
-            by_block.masked_fill_(~exact[None, :, :, None, :], float("-inf"))
-        sink_inner = sink.view(rows, count + 2, block, -1)[:, 1:count + 1]
-        top = torch.maximum(top, sink_inner.amax(dim=-1, keepdim=True))
-    if keys.padded:  # a query whose window and sinks hold no real key: c_i = 0 (without padding each has its own)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    inner.sub_(top).exp2_()
-    num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
     values = keys.halo_values if keys.whole else _halo_values(keys, start, stop, real)
-    _window_products(window, values, num, rows, transpose=False, alpha=1.0)
+    sink, exact, sink_top = _exact_sink_scores(queries, keys, start, stop) if keys.sinks else (None, None, None)
+    num = scratch("linearize.hybrid.num", (total, block, keys.v.shape[-1] + 1), queries.device)
+    top = scratch("linearize.hybrid.top", (rows, size - 2, block, 1), queries.device)
+    real = real.repeat(keys.heads, 1, 1) if keys.padded else None  # [rows, blocks + 2, R]: row h·B + b is sequence b
+    group = max(1, min(rows, SCORES_BYTES // (size * block * 3 * block * 4)))  # rows whose scores fit the budget
+    for first in range(0, rows, group):
+        part = slice(first * size, (first + group) * size)
+        _exact_rows(queries[part], halo_keys[part], values[part], num[part], top[first:first + group],
+                    None if sink_top is None else sink_top[first:first + group], keys, start,
+                    None if real is None else real[first:first + group])
     _zero_padding_blocks(num, rows)
     if sink is not None:
-        sink_inner.sub_(top).exp2_()
+        sink.view(rows, size, block, -1)[:, 1:-1].sub_(top).exp2_()
         _zero_padding_blocks(sink.view(total, block, -1), rows)
-    return num, sink, exact if keys.sinks else None
+    return num, sink, exact
 
 
-#: from this block size (``R``) on, :func:`_window_products` runs one product per row and skips the windows centred
-#: on the padding blocks between rows (two of every ``blocks + 2``); below it, one product over every window costs
-#: less than a call per row (measured: docs/experiments/hybrid/RESULTS.md §14)
-PER_ROW_MIN_BLOCK = 64
+#: :func:`_exact_window_part` runs the rows (heads of sequences) in groups whose window scores (float32) take at most
+#: this many bytes (at least one row a group): a reused buffer that stays in the cache between the passes over it.
+#: Within a group the windows centred on the padding blocks between its rows (two of every ``blocks + 2``) are computed
+#: and not used; a group per row skips them, more calls for small rows (measured: docs/experiments/hybrid/RESULTS.md §14)
+SCORES_BYTES = 4 * 2**20
 
 
-def _window_products(left, halo, out, rows, transpose, alpha):
-    """``out``'s blocks = ``alpha`` × ``left``'s blocks times their windows of ``halo`` (:func:`_windows`; transposed
-    for the scores, as they are for the values), for every halo block that holds queries (``left``, ``out``:
-    ``[rows·(blocks + 2), R, ·]``; ``alpha`` rides in the product, ``beta = 0``: what ``out`` held is ignored). Each row's padding blocks of ``out`` are left as they are: garbage below, or unused but finite
-    (:data:`PER_ROW_MIN_BLOCK`: whether the windows centred on the padding between rows are computed)."""
-    total, block = left.shape[:2]
-    if block < PER_ROW_MIN_BLOCK:
-        windows = _windows(halo, block)
-        torch.baddbmm(out[1:-1], left[1:-1], windows.transpose(1, 2) if transpose else windows, beta=0, alpha=alpha,
-                      out=out[1:-1])
-        return
-    size = total // rows
-    for first in range(0, total, size):
-        windows, part = _windows(halo[first:first + size], block), out[first + 1:first + size - 1]
-        torch.baddbmm(part, left[first + 1:first + size - 1], windows.transpose(1, 2) if transpose else windows, beta=0,
-                      alpha=alpha, out=part)
+def _exact_rows(queries, halo_keys, values, num, top, sink_top, keys, start, real):
+    """:func:`_exact_window_part` for a group of ``n`` consecutive rows (their halo blocks ``[n·(blocks + 2), R,
+    ·]``): ``num``'s real query blocks and each query's ``c_i`` (times log₂ e) into ``top [n, blocks, R, 1]``
+    (``sink_top``: the sinks' largest score, or None; ``real``: the rows' :func:`_real_keys` with padding, else None).
+    With several rows the windows centred on the padding between them are computed too, and not used."""
+    total, block, _ = queries.shape
+    window = scratch("linearize.hybrid.scores", (total, block, 3 * block), queries.device)
+    torch.baddbmm(window[1:-1], queries[1:-1], _windows(halo_keys, block).transpose(1, 2), beta=0, alpha=LOG2_E,
+                  out=window[1:-1])  # the scores times log₂ e: exp2 below
+    inner = window.view(top.shape[0], -1, block, 3 * block)[:, 1:-1]  # the scores of real query blocks
+    _hide_keys(inner, keys, real, start)
+    torch.amax(inner, dim=-1, keepdim=True, out=top)
+    if sink_top is not None:
+        torch.maximum(top, sink_top, out=top)
+    if keys.padded:  # a query whose window and sinks hold no real key: c_i = 0 (without padding each has its own)
+        top.masked_fill_(~torch.isfinite(top), 0.0)
+    inner.sub_(top).exp2_()
+    torch.bmm(window[1:-1], _windows(values, block), out=num[1:-1])
+
+
+def _exact_sink_scores(queries, keys, start, stop):
+    """The sink keys' scores (times log₂ e) ``[rows, halo, S]``, ``-inf`` where the sink is not exact for the
+    query's block, which sinks are exact where (:func:`_near_sinks` or :func:`_exact_sinks`) and their largest
+    score per query ``[rows, blocks, R, 1]``."""
+    block, rows = keys.block, keys.rows
+    sink = torch.bmm(queries.view(rows, -1, queries.shape[-1]), keys.sink_keys.transpose(1, 2)).mul_(LOG2_E)
+    by_block = sink.view(keys.heads, keys.batch, -1, block, sink.shape[-1])
+    if keys.sink_list is not None:
+        exact = _near_sinks(keys, start, stop)
+        for index, first, last in exact:
+            by_block[:, :, first:last, :, index].fill_(float("-inf"))
+    else:
+        exact = _exact_sinks(keys, start, stop)
+        by_block.masked_fill_(~exact[None, :, :, None, :], float("-inf"))
+    return sink, exact, sink.view(rows, -1, block, sink.shape[-1])[:, 1:-1].amax(dim=-1, keepdim=True)
 
 
 def _zero_padding_blocks(halo, rows):
