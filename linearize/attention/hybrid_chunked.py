@@ -22,7 +22,8 @@ fault in new memory on every forward):
 2. queries: each chunk's blocks of queries with one block on either side (a "halo", the rows laid out one
    after another with one block of padding between them, so a block's window, the blocks before, at and
    after it, is 3R consecutive rows: a strided view). The exact part is one batched product for the scores
-   against every window and one for ``Σ exp(s_ij − c_i)[v_j, 1]`` (no copy of the windows); the linear part
+   against every window and one for ``Σ exp(s_ij − c_i)[v_j, 1]`` (no copy of the windows), per group of rows
+   whose scores stay in cache (:data:`SCORES_BYTES`); the linear part
    one product of ``γ φ(q_i)`` (γ applied to the query features once) with ``[S − S_W, z − z_W]`` per block
    (every query of a block has one window: the global sums less the window's three block sums). A sink exact
    for the query (outside its window) moves from the linear part to the exact one: its score joins the max
