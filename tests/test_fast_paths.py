@@ -250,11 +250,18 @@ def test_bundled_remote_code_compiles_with_unique_module_names():
     source = remote_code.bundled_sources()
     tree = ast.parse(source)
     compile(tree, "modeling_linearize.py", "exec")
-    defined = {}
-    for node in tree.body:
+    defined = set()
+    for node in tree.body:  # functions, classes and module constants: a second one would replace the first
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            assert node.name not in defined, f"{node.name} is defined twice in the bundled remote code"
-            defined[node.name] = node
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                     if isinstance(t, ast.Name)]
+        else:
+            continue
+        for name in names:
+            assert name not in defined, f"{name} is defined twice in the bundled remote code"
+            defined.add(name)
     # only torch, transformers (with numpy, which transformers itself requires) and the standard library
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
