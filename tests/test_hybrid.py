@@ -186,8 +186,8 @@ CHUNKABLE = [(name, opts) for name, opts in METHOD_CASES if make(name, opts).chu
 
 
 @pytest.fixture(params=["all-rows", "per-row", "a-few-rows"])
-def window_products(request, monkeypatch):
-    """The exact part both ways (``hybrid_chunked.SCORES_BYTES``): every row at once (the windows centred on
+def exact_part_groups(request, monkeypatch):
+    """The exact part in each grouping of its rows (``hybrid_chunked.SCORES_BYTES``): every row at once (the windows centred on
     the padding between rows computed and not used), row by row in a reused buffer, skipping them, or in groups of a
     few rows (a last group smaller than the others)."""
     from linearize.attention import hybrid_chunked
@@ -197,12 +197,12 @@ def window_products(request, monkeypatch):
 
 
 @pytest.mark.parametrize("name,opts", CHUNKABLE, ids=[f"{name}{opts or ''}" for name, opts in CHUNKABLE])
-def test_chunked_path_over_several_chunks_equals_the_reference(name, opts, window_products):
+def test_chunked_path_over_several_chunks_equals_the_reference(name, opts, exact_part_groups):
     """The inference path in chunks of whole blocks (``hybrid_chunked``): chunk boundaries inside the
     sequence, a last chunk with a partial block, sinks in any chunk, padding on either side; keys that grow
     along the sequence, so a log-scaled map's running max rises from chunk to chunk (the sums so far are
-    rescaled); lengths in decreasing order, so the reused buffers are larger than a call needs; the window
-    products both ways."""
+    rescaled); lengths in decreasing order, so the reused buffers are larger than a call needs; the exact
+    part's rows in every grouping."""
     fm = make(name, opts)
     gamma = torch.tensor([0.5, 2.0])
     for n, radius, chunk in [(70, 4, 8), (70, 7, 21), (45, 5, 5), (30, 4, 100)]:
@@ -221,12 +221,12 @@ def test_chunked_path_over_several_chunks_equals_the_reference(name, opts, windo
 
 
 @pytest.mark.parametrize("name,opts", [("hedgehog", {}), ("performer", {})], ids=["hedgehog", "performer"])
-def test_chunked_path_without_padding_at_every_edge_length(name, opts, window_products):
+def test_chunked_path_without_padding_at_every_edge_length(name, opts, exact_part_groups):
     """Without padding the chunked path finds the keys and sinks each window leaves out from the length alone
     (slices, not masks) and, for a sequence of one chunk, reads the keys' halo for both passes: lengths of one
     token, shorter than a block, a block and one more, whole blocks, one short of a block; sinks in and out of
-    every window; one chunk, and chunks of one and two blocks; a log-scaled map too (Performer); the window
-    products both ways."""
+    every window; one chunk, and chunks of one and two blocks; a log-scaled map too (Performer); the exact
+    part's rows in every grouping."""
     fm = make(name, opts)
     gamma = torch.tensor([0.5, 2.0])
     radius = 4

@@ -5,8 +5,9 @@ process (two builds in one process disturb each other: the second one loaded ran
 
 A row is ``method:BxN`` (pure linear attention, ``[B, H, N, d]`` views of ``[B, N, H, d]`` tensors as BERT passes
 them, MiniLM's 12 heads of 32) or ``hyb:method:BxN`` (hybrid, R = 32 + first; ``hybR:method:BxN`` another window,
-e.g. ``hyb192``); ``lunar`` is the default recipe's LUNA (M = 16, per-head projections). Each process: ``torch.inference_mode()``, 2 threads, 3 warm-up calls, the
-median of 30; a row's figure is the median over ``--rounds`` processes of each build.
+e.g. ``hyb192``); ``lunar`` is the default recipe's LUNA (M = 16, per-head projections). Each process:
+``torch.inference_mode()``, 2 threads, 3 warm-up calls, the median of 30; a row's figure is the median over
+``--rounds`` processes of each build.
 
     PYTHONPATH=. python docs/experiments/user-state/bundles_ab.py --before 2e337e6 --rounds 4 \\
         hedgehog:1x900 hedgehog:8x128 hedgehog:8x512 hyb:hedgehog:1x900
