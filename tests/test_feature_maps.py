@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from linearize.attention.feature_maps.base import get_feature_map_class
+
 from linearize.attention import (FeatureMap, create_feature_map, kernel_statistics, linear_attention,
                                  linear_attention_weights, method_options, methods, quadratic_attention,
                                  register_feature_map, softmax_attention_weights)
@@ -189,6 +191,24 @@ def test_darkformer_features_match_direct_formula():
         kappa = phi(x_q) @ phi(x_k).transpose(-1, -2) * mask[:, None, None, :]
         expected = kappa / kappa.sum(-1, keepdim=True)
         torch.testing.assert_close(linear_attention_weights(q, k, fm, mask), expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,opts", [case for case in METHOD_CASES if get_feature_map_class(case[0]).skips_log_scale],
+                         ids=lambda case: str(case))
+@pytest.mark.parametrize("buffered", [False, True], ids=["new", "into-buffer"])
+def test_a_query_without_its_log_scale_has_the_same_features(name, opts, buffered):
+    """``log_scale=False`` (what queries are asked with) drops only the log-scale: the features are those of the
+    full call, returned or written into a buffer (the inference path), a learned M included."""
+    fm = make(name, opts).eval()
+    with torch.no_grad():
+        for p in fm.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+        x = random_qkv(4, scale=0.5)[0] * D**-0.25
+        buffers = [torch.empty(H, B, N, fm.feature_dim).transpose(0, 1) for _ in range(2)] if buffered else [None] * 2
+        full, log = fm(x, out=buffers[0])
+        query, none = fm(x, out=buffers[1], log_scale=False)
+    assert log is not None and none is None
+    torch.testing.assert_close(query, full, rtol=0, atol=0)
 
 
 def test_flexformer_features_match_direct_formula():

@@ -21,7 +21,7 @@ from torch import nn
 from ...errors import LinearizeError
 from ..core import scratch
 from .base import FeatureMap, MethodOptions, at_least, one_of, per_head_matmul, register_feature_map, seeded_generator
-from .performer import LOG2_E, features_from_projection
+from .performer import LOG2_E, exponentiated_projection, features_from_projection
 
 
 @dataclass
@@ -43,6 +43,7 @@ class DarkformerFeatureMap(FeatureMap):
     chunkable = True
     writes_out = True
     folds_input_scale = True
+    skips_log_scale = True
     # hybrid attention's γ start: with R = 32 + first the KL before training falls over the whole grid 0.01-10
     # (2.254 at 0.1, 0.925 at 10: its keys' features are scaled down by the per-sequence max); 10, the grid's edge
     initial_gamma = 10.0
@@ -82,18 +83,24 @@ class DarkformerFeatureMap(FeatureMap):
             metric = evecs @ metric  # symmetric square root
         self.metric.copy_(metric.to(self.metric.dtype))
 
-    def forward(self, x, mask=None, out=None, input_scale=None):
+    def forward(self, x, mask=None, out=None, input_scale=None, log_scale=True):
         # One product gives both zᵢᵀ(Mx) (times log₂ e, see features_from_projection) and Mx (for
         # ‖Mx‖²): x times [zM·log₂ e; M]ᵀ, [H, m + r, d]; with input_scale s, the features of s·x (s in the weight).
-        weight = self.reused("weight", x.dtype, lambda: self._weight(x), self.metric, self.z,
-                             input_scale=input_scale)  # [H,d,m+r]
+        # Without log_scale (a query's, dropped by the caller) only the m columns of zM: Mx serves ‖Mx‖² alone.
+        width = self.num_features + (self.rank if log_scale else 0)
+        weight = self.reused(f"weight{width}", x.dtype, lambda: self._weight(x)[..., :width].contiguous(),
+                             self.metric, self.z, input_scale=input_scale)  # [H,d,width]
         if out is None:
-            both = torch.matmul(x, weight)  # [B,H,N,m+r]
-            squared = both[..., self.num_features:].pow(2).sum(dim=-1, keepdim=True)
+            both = torch.matmul(x, weight)  # [B,H,N,width]
         else:  # inference: the product in a reused buffer, ‖Mx‖² without a squared copy
             batch, heads, seq, _ = x.shape
-            both = scratch("darkformer.both", (heads, batch, seq, weight.shape[-1]), x.device).transpose(0, 1)
+            both = scratch("darkformer.both", (heads, batch, seq, width), x.device).transpose(0, 1)
             both = per_head_matmul(x, weight, both)
+        if not log_scale:
+            return exponentiated_projection(both, out), None
+        if out is None:
+            squared = both[..., self.num_features:].pow(2).sum(dim=-1, keepdim=True)
+        else:
             squared = torch.linalg.vector_norm(both[..., self.num_features:], dim=-1, keepdim=True).square_()
         return features_from_projection(both[..., :self.num_features], squared, self.num_features, out)
 

@@ -64,6 +64,14 @@ def features_from_projection(proj, squared_norm, num_features, out=None):
     return torch.sub(proj, top, out=out).exp2_(), shift  # in place: one pass over a fresh tensor
 
 
+def exponentiated_projection(proj, out=None):
+    """``exp(a − a')``, the features of :func:`features_from_projection` without their log-scale (a query's, which
+    the caller drops): ``‖x‖²`` is not needed. ``proj [..., ≥ m]`` may be wider: its first ``out``'s width (all of
+    it when ``out`` is None) are the ``m`` projections."""
+    proj = proj if out is None else proj[..., :out.shape[-1]]
+    return torch.sub(proj, proj.amax(dim=-1, keepdim=True), out=out).exp2_()
+
+
 @dataclass
 class PerformerOptions(MethodOptions):
     num_features: int = field(default=64, metadata={"help": "m: random features per head.", "range": at_least(1)})
@@ -78,6 +86,7 @@ class PerformerFeatureMap(FeatureMap):
     nonnegative = True
     chunkable = True
     writes_out = True
+    skips_log_scale = True
     paper = "Performer FAVOR+ (Choromanski et al. 2021)"
     options_class = PerformerOptions
     in_default_comparison = True
@@ -101,12 +110,16 @@ class PerformerFeatureMap(FeatureMap):
         else:
             self.register_buffer("omega", omega)
 
-    def forward(self, x, mask=None, out=None):
+    def forward(self, x, mask=None, out=None, log_scale=True):
         omega = self.cast(self.omega, x)
         if out is None:
+            if not log_scale:  # a query's: no ‖x‖²
+                return exponentiated_projection(torch.matmul(x, (omega * LOG2_E).transpose(1, 2))), None
             return positive_random_features(x, omega, self.num_features)
         # inference: the projection into the caller's buffer, its exp2 in place, ‖x‖² with no squared copy
         scaled = self.reused("scaled_omega", x.dtype, lambda: (omega * LOG2_E).transpose(1, 2), self.omega)
         proj = per_head_matmul(x, scaled, out)
+        if not log_scale:
+            return exponentiated_projection(proj, out=proj), None
         squared = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_()
         return features_from_projection(proj, squared, self.num_features, out=proj)
