@@ -23,7 +23,9 @@ LoLCATs' eq. (sliding window + linear attention) then reads
 with ``s_ij = q_iᵀk_j·scale`` the softmax scores, ``c_i = max_{j∈E_i} s_ij`` (so the exact weights
 are at most 1, as in LoLCATs' code: the linear term is not rescaled by it), ``κ_ij = φ(q_i)ᵀφ(k_j)``
 the feature map's kernel (``core.feature_maps``: padded keys zeroed, a log-scaled map's keys shifted
-by one per-sequence constant) and ``γ_h > 0`` a learned factor per head. The guard of ``core`` is
+by one per-sequence constant and its queries' log-scale dropped, each query's largest feature 1: for
+Performer and DARKFormer ``κ`` is the paper's kernel times a per-query and a per-sequence factor, which
+the learned ``γ_h`` and training work with) and ``γ_h > 0`` a learned factor per head. The guard of ``core`` is
 kept: ``ε/n`` is added to every real key's weight and ``ε`` to the normaliser (``n`` real keys), so a
 row with no exact key and all-zero features is uniform, never 0/0.
 
