@@ -5,6 +5,9 @@ timed in ONNX Runtime (CPU provider) at every length, in fresh processes, the tw
     PYTHONPATH=. python docs/experiments/export/long.py --out docs/experiments/export/long \\
         --method hedgehog --seq-lens 512,2048,4096 --processes 5 --threads 2
 
+Hybrid attention (issue 34) the same way: ``--window 32 --sinks first --hybrid-layers 1,2`` (the long reviews'
+default) exports the converted model with that window, its graph named ``METHOD-wR-layers`` (``--name``).
+
 Writes GRAPHS/softmax.onnx and GRAPHS/METHOD.onnx (``--graphs``, default runs/export-long; reused when
 present: the export takes a minute each), and OUT/long.json and OUT/long.md (atomically): per length the median time of each graph in each process, the
 speed-up softmax ÷ METHOD per process, and their median, lowest and highest. Batch 1, no padding, random
@@ -46,8 +49,10 @@ print(json.dumps(result))
 """
 
 
-def export_graphs(out, method, longest):
-    """``{"softmax": path, method: path}``: the two graphs, exported unless already there."""
+def export_graphs(out, method, longest, name=None, hybrid=None):
+    """``{"softmax": path, name: path}``: the two graphs, exported unless already there; ``name`` (default
+    ``method``) the converted one's, converted with the ``hybrid`` keywords of ``linearize.convert`` (window,
+    sinks, hybrid_layers)."""
     import torch
     import transformers
 
@@ -56,14 +61,15 @@ def export_graphs(out, method, longest):
     from linearize.convert.positions import extend_positions
     from linearize.export import export_model
 
-    paths = {"softmax": out / "softmax.onnx", method: out / f"{method}.onnx"}
+    name = name or method
+    paths = {"softmax": out / "softmax.onnx", name: out / f"{name}.onnx"}
     if all(path.exists() for path in paths.values()):
         return paths
     torch.manual_seed(0)
     base = transformers.AutoModel.from_pretrained(minilm_path()).eval()
     softmax = copy.deepcopy(base)
     extend_positions(softmax, longest)
-    models = {"softmax": softmax, method: linearize.convert(base, method, max_length=longest)}
+    models = {"softmax": softmax, name: linearize.convert(base, method, max_length=longest, **(hybrid or {}))}
     for name, model in models.items():
         if not paths[name].exists():
             print(f"exporting {name} to {paths[name]}", flush=True)
@@ -125,16 +131,23 @@ def main():
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window", type=int, default=None, help="hybrid attention: the window R")
+    parser.add_argument("--sinks", default=None, help="hybrid attention: the sinks (first, first,last)")
+    parser.add_argument("--hybrid-layers", default=None, help="hybrid attention in these layers only (1,2)")
     args = parser.parse_args()
+    hybrid = {key: value for key, value in (("window", args.window), ("sinks", args.sinks), (
+        "hybrid_layers", None if args.hybrid_layers is None else [int(i) for i in args.hybrid_layers.split(",")]))
+        if value is not None}
+    name = args.method + (f"-w{args.window}" if args.window else "") + (
+        f"-layers{args.hybrid_layers.replace(',', '')}" if args.hybrid_layers else "")
     seq_lens = [int(n) for n in args.seq_lens.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     args.graphs.mkdir(parents=True, exist_ok=True)
-    paths = export_graphs(args.graphs, args.method, max(512, *seq_lens))  # MiniLM has 512 positions
-    rows = summary(time_in_processes(paths, seq_lens, args.processes, args.threads, args.repeats), args.method,
-                   seq_lens)
+    paths = export_graphs(args.graphs, args.method, max(512, *seq_lens), name, hybrid)  # MiniLM has 512 positions
+    rows = summary(time_in_processes(paths, seq_lens, args.processes, args.threads, args.repeats), name, seq_lens)
     write_atomically(args.out / "long.json", json.dumps({"command": sys.argv, "rows": rows}, indent=1))
-    write_atomically(args.out / "long.md", markdown(rows, args.method, args))
-    print(markdown(rows, args.method, args))
+    write_atomically(args.out / "long.md", markdown(rows, name, args))
+    print(markdown(rows, name, args))
 
 
 if __name__ == "__main__":
