@@ -221,8 +221,9 @@ class FeatureMap(nn.Module):
     #: strided view it is, with no scaled copy (``core.features_of_chunk``)
     folds_input_scale: bool = False
     #: ``forward`` takes ``log_scale=False``: the caller drops the features' log-scale (a query's cancels in the
-    #: normalised output: ``core.feature_maps``), so a log-scaled map skips what only that scale needs (DARKFormer's
-    #: ‖Mx‖² columns, Performer's ‖x‖²) and returns None for it; the features themselves are the same
+    #: normalised output: ``core.feature_maps``), so a log-scaled map skips what only that scale needs
+    #: (DARKFormer's ‖Mx‖² columns, Performer's ‖x‖², Flexformer's envelope) and returns None for it; the
+    #: features themselves are the same
     skips_log_scale: bool = False
     #: the dataclass of the method's options (defaults and help text live there)
     options_class: type = MethodOptions

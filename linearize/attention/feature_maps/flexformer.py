@@ -64,6 +64,7 @@ class FlexformerOptions(MethodOptions):
 class _Flexformer(FeatureMap):
     options_class = FlexformerOptions
     in_default_comparison = True
+    skips_log_scale = True
     card_note = ("**Flexformer** learns random-Fourier-feature kernels. The stationary variant "
                  "(`flexformer-s`, Bochner's theorem) learns the frequencies ω of "
                  "φ(x) = exp(‖x‖²/2)·[cos ωᵢᵀx, sin ωᵢᵀx]/√n; the non-stationary variant "
@@ -102,9 +103,11 @@ class FlexformerStationaryFeatureMap(_Flexformer):
         if self.settings.learnable_envelope:
             self.tau = nn.Parameter(torch.full((self.num_heads,), math.log(2.0 / scale**2)))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, log_scale=True):
         proj = torch.matmul(x, self.cast(self.omega, x).transpose(1, 2))  # [B,H,N,n]
         features = torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1).mul_(1.0 / math.sqrt(self.num_frequencies))
+        if not log_scale:  # a query's: its envelope is dropped
+            return features, None
         if self.settings.learnable_envelope:
             return features, x.pow(2).sum(dim=-1, keepdim=True) / torch.exp(self.cast(self.tau, x))[:, None, None]
         return features, 0.5 * x.pow(2).sum(dim=-1, keepdim=True)
@@ -134,7 +137,7 @@ class FlexformerNonstationaryFeatureMap(_Flexformer):
         self.omega2 = _frequencies(self.num_heads, self.num_frequencies, self.head_dim, scale)
         self.tau = nn.Parameter(torch.full((self.num_heads,), math.log(2.0 / scale**2)))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, log_scale=True):
         omega1, omega2 = self.cast(self.omega1, x), self.cast(self.omega2, x)
         # one product for ω'ᵀx and ω''ᵀx: [B,H,N,2n]
         proj = torch.matmul(x, torch.cat([(omega1 + omega2) / 2, (omega1 - omega2) / 2], dim=1).transpose(1, 2))
@@ -142,5 +145,6 @@ class FlexformerNonstationaryFeatureMap(_Flexformer):
         gate = torch.cos(half_diff).mul_(1.0 / (2.0 * math.sqrt(self.num_frequencies)))
         features = torch.cat([torch.cos(mean), torch.sin(mean)], dim=-1)  # [B,H,N,2n]
         features = (features.unflatten(-1, (2, -1)) * gate[..., None, :]).flatten(-2)
-        log_scale = x.pow(2).sum(dim=-1, keepdim=True) / torch.exp(self.cast(self.tau, x))[:, None, None]
-        return features, log_scale
+        if not log_scale:  # a query's: its envelope is dropped
+            return features, None
+        return features, x.pow(2).sum(dim=-1, keepdim=True) / torch.exp(self.cast(self.tau, x))[:, None, None]
