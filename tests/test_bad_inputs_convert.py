@@ -226,6 +226,19 @@ def test_convert_refuses_an_option_out_of_range_before_loading(ws):
                     "t2r: option feature_dim must be >= 1, got 0")
 
 
+WHITEN = "darkformer: init=whiten needs calibration data, which conversion does not take"
+
+
+def test_convert_refuses_an_option_it_cannot_give_effect_to(ws):
+    """DARKFormer's init=whiten took no effect in conversion (M stayed the identity, the config said whiten): an
+    error now, from the CLI, a recipe (before the teacher trains) and Python alike; the map itself still takes it."""
+    _one_line_error("convert {ws}/tiny --out {ws}/outs/convert-whiten --method darkformer -o init=whiten", ws, WHITEN)
+    _one_line_error("run {ws}/tiny.yaml --out {ws}/outs/run-whiten --method darkformer -o init=whiten", ws, WHITEN)
+    with pytest.raises(LinearizeError, match=WHITEN):
+        linearize.convert(load_source_model(f"{ws}/tiny"), "darkformer", init="whiten")
+    assert create_feature_map("darkformer", 8, 2, init="whiten").settings.init == "whiten"
+
+
 # ---- 4. memory is estimated before the feature maps are built ---------------------------------------
 
 def test_convert_refuses_feature_maps_larger_than_the_machine(minilm_path, monkeypatch):

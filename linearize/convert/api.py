@@ -15,7 +15,7 @@ from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 
-from ..attention.feature_maps import check_method_options
+from ..attention.feature_maps import check_conversion_options, check_method_options
 from ..config import HybridConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from . import positions, resolution, sentence_transformers
@@ -128,7 +128,7 @@ def check_convertible(model, method, *, layers=None, window=None, sinks=None, ga
                       **options):
     """A one-line ``LinearizeError`` unless ``model`` can be converted to ``method`` with these
     ``layers``, hybrid settings and ``options``: checked before a long stage (a teacher's fine-tuning) runs."""
-    check_method_options(method, options)
+    check_conversion_options(method, options)
     hybrid = hybrid_settings(window, sinks, gamma, method, hybrid_layers)
     if is_converted(model):
         raise LinearizeError("this model is already converted; start from its softmax source")
@@ -192,7 +192,7 @@ def convert(model, method="luna", *, layers=None, source=None, max_length=None, 
     ``linearize_map`` submodule holding the method's parameters and buffers (their size is checked
     against the machine's memory first: :func:`check_memory`).
     """
-    check_method_options(method, options)
+    check_conversion_options(method, options)
     modules = attention_modules(model)
     backend = backend_for(model)
     if is_converted(model):

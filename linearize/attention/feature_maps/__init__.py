@@ -6,7 +6,7 @@ import json
 import pkgutil
 
 from ...markdown import markdown_table
-from .base import (FEATURE_MAPS, FeatureMap, MethodOptions, OptionError, check_field_types, check_method_options,
+from .base import (FEATURE_MAPS, FeatureMap, MethodOptions, OptionError, check_conversion_options, check_field_types, check_method_options,
                    create_feature_map, default_comparison, get_feature_map_class, method_notes, method_options,
                    method_settings, methods, option_help, options_for, register_feature_map)
 
@@ -31,6 +31,6 @@ def methods_table():
 
 
 __all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "MethodOptions", "OptionError", "check_field_types",
-           "check_method_options", "create_feature_map", "default_comparison", "get_feature_map_class",
+           "check_conversion_options", "check_method_options", "create_feature_map", "default_comparison", "get_feature_map_class",
            "method_notes", "method_options", "method_settings", "methods", "methods_table", "option_help",
            "options_for", "register_feature_map"]

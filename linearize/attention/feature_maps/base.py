@@ -166,6 +166,14 @@ def check_method_options(method, options):
     method_settings(method, options)
 
 
+def check_conversion_options(method, options):
+    """:func:`check_method_options`, and a one-line ``OptionError`` for options that conversion cannot honour
+    (:meth:`FeatureMap.conversion_problem`): a setting that would not take effect is an error, not a no-op."""
+    problem = get_feature_map_class(method).conversion_problem(method_settings(method, options))
+    if problem:
+        raise OptionError(f"{method}: {problem}")
+
+
 def options_for(method, options):
     """The feature-map options a run converts ``method`` with.
 
@@ -252,6 +260,12 @@ class FeatureMap(nn.Module):
 
     def forward(self, x, mask=None):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def conversion_problem(cls, settings):
+        """Why ``linearize.convert`` cannot honour these options (``settings``, the options dataclass), or None:
+        an option only the Python API can give effect to."""
+        return None
 
     def chunk_features(self, x, mask, start, **given):
         """Features of the chunk ``x [B,H,c,d]`` of a sequence whose full ``[B,N]`` mask is

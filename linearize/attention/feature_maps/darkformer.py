@@ -7,8 +7,9 @@ Feature Kernel for Transformers", §4.1 eq. 3 and Appendix B).
 estimate of the softmax kernel); ``z`` are fixed i.i.d. Gaussian rows drawn from ``seed`` and
 saved as a buffer. ``init="whiten"`` marks the paper's whitening initialisation
 ``M = Λ^{-½}`` (§4.1: Σ = Λ^{-1} makes Mq, Mk isotropic), where Λ is the covariance of the
-layer's (scaled) queries and keys; call :meth:`calibrate` with a sample of them (conversion
-does this when calibration data is given). Stabilised in log space like ``performer``.
+layer's (scaled) queries and keys; call :meth:`calibrate` with a sample of them, from Python
+(conversion takes no calibration data, so ``linearize.convert`` refuses ``init="whiten"``: M would
+stay the identity). Stabilised in log space like ``performer``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class DarkformerOptions(MethodOptions):
     rank: int | None = field(default=None, metadata={"help": "r: rows of M; default the head dim.",
                                                      "range": at_least(1)})
     init: str = field(default="identity", metadata={
-        "help": "identity, or whiten (M = the inverse square root of the q/k covariance, from calibration data).",
+        "help": "identity, or whiten (M = the q/k covariance's inverse square root: calibrate() from Python).",
         "range": one_of("identity", "whiten")})
 
 
@@ -67,6 +68,14 @@ class DarkformerFeatureMap(FeatureMap):
         self.metric = nn.Parameter(torch.eye(self.rank, self.head_dim).repeat(self.num_heads, 1, 1))  # M [H,r,d]
         z = torch.randn(self.num_heads, self.num_features, self.rank, generator=seeded_generator(seed))
         self.register_buffer("z", z)
+
+    @classmethod
+    def conversion_problem(cls, settings):
+        if settings.init == "whiten":
+            return ("init=whiten needs calibration data, which conversion does not take (M would stay the "
+                    "identity); use init=identity, or whiten from Python: create_feature_map(..., init='whiten') "
+                    "and its calibrate(samples of the scaled queries and keys)")
+        return None
 
     @torch.no_grad()
     def calibrate(self, x, eps=1e-5):
