@@ -335,8 +335,9 @@ class DataConfig(Config):
                "300 test reviews that document_length scores never join.")
     seed: int = setting(0, "Seed of the dev carve-out and of the example subsets.")
     max_length: int = setting(
-        128, "Truncate text to this many tokens; a learned position table shorter than this (BERT: 512) is "
-             "extended to it (position_init) and the tokenizer's limit raised to it.")
+        128, "Truncate text to this many tokens; in linearize run a learned position table shorter than this "
+             "(BERT: 512) is extended to it (position_init) and the tokenizer's limit raised to it; finetune and "
+             "distill keep the model's own (more with linearize convert --max-length).")
     group_by_length: bool = setting(
         False, "Text: batch training examples of similar length together (shuffled groups of up to 50 batches, "
                "each sorted by length, as transformers' Trainer): less padding on documents of uneven length.")

@@ -1023,6 +1023,7 @@ def test_hybrid_layers_make_only_those_layers_hybrid_and_survive_save_and_load(t
     from linearize.attention.hybrid import describe
 
     assert describe("hedgehog", 4, ("first",), (1,)).startswith("hybrid in layers 1 (the other converted layers: ")
+    assert "linear" not in describe("softmax") and describe("hedgehog") == "hedgehog linear attention"
 
 
 def test_hybrid_layers_are_refused_where_they_cannot_take_effect():

@@ -90,6 +90,8 @@ def describe(method, window=0, sinks=(), hybrid_layers=None):
     """One line on how a converted layer attends, for summaries, reports and model cards (``hybrid_layers``: the
     hybrid ones, None for every converted layer)."""
     sinks = parse_sinks(sinks)
+    if method == "softmax":  # the exact map (feature_maps.softmax): no kernel, no window
+        return "exact softmax attention (the softmax method)"
     if not window and not sinks:
         return f"{method} linear attention"
     parts = [f"within its {window}-token block and the two neighbouring blocks"] if window else []

@@ -43,7 +43,7 @@ def push_command(
 
     The endpoint is HF_ENDPOINT (default https://huggingface.co), so a private Hub mirror works.
 
-    Example: linearize push runs/minilm-luna --repo-id me/minilm-luna --dry-run
+    Example: linearize push runs/minilm-moviereviews-luna --repo-id me/minilm-luna --dry-run
     """
     from ..push import push
 

@@ -31,7 +31,7 @@ KeepWorkOpt = Annotated[bool, typer.Option(
 @friendly_errors
 @config_options(Stage1Config, exclude=("enabled",))
 @config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
-@config_options(HybridConfig, unset_is_none=True, into="hybrid")
+@config_options(HybridConfig, unset_is_none=True, unset_help="in --method's conversion", into="hybrid")
 def distill_command(
     model: ModelArg,
     out: OutOpt,

@@ -37,7 +37,8 @@ def tokenize_dataset(data, tokenizer, text_keys, max_length=128):
     limit = getattr(tokenizer, "model_max_length", None)
     if limit and limit < 10**6 and max_length > limit:
         raise LinearizeError(f"max_length {max_length} exceeds the tokenizer's limit {limit}; pass --max-length "
-                             f"{limit} or less")
+                             f"{limit} or less, or give the model that many positions first (linearize convert "
+                             f"SOURCE --max-length {max_length})")
 
     def encode(batch):
         return tokenizer(*(batch[key] for key in text_keys), truncation=True, max_length=max_length)
