@@ -140,7 +140,7 @@ def test_softmax_memory_estimate_follows_the_attention_implementation():
 
 def test_converted_folder_crossover_in_info_and_card(tmp_path):
     import linearize
-    from linearize.bench import FOLDER_BENCH_JSON, read_folder_bench
+    from linearize.bench import FOLDER_BENCH_JSON, folder_speed_lines, read_folder_bench
     from linearize.report.card import build_card
 
     folder = tmp_path / "tiny-hedgehog"
@@ -165,6 +165,11 @@ def test_converted_folder_crossover_in_info_and_card(tmp_path):
     card = str(build_card("me/tiny-hedgehog", config, speed=record))
     assert "## Speed" in card and "Crossover: " in card and record["machine"]["cpu_model"] in card
     assert "## Speed" not in str(build_card("me/tiny-hedgehog", config))
+    busy = {**record, "machine": {**record["machine"], "busy_warning": "other processes kept 1.02 of 2 cores busy"}}
+    assert "warning: other processes kept 1.02 of 2 cores busy" in str(build_card("me/tiny-hedgehog", config,
+                                                                                 speed=busy))
+    assert "warning" in folder_speed_lines(busy)["measured on"] and "warning" not in folder_speed_lines(
+        {**record, "machine": {**record["machine"], "busy_warning": None}})["measured on"]
     from linearize import push
 
     plan = push.plan(folder, "me/tiny-hedgehog", no_report=True)  # builds the card, uploads nothing

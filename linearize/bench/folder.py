@@ -113,6 +113,8 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: Measur
     atomic_write_json(directory / FOLDER_BENCH_JSON, record)
     if log:
         log(f"{method}: {crossover_text(record['crossover'])}; written to {directory / FOLDER_BENCH_JSON}")
+        if machine.get("busy_warning"):
+            log("warning: " + machine["busy_warning"])
     return record
 
 
@@ -135,7 +137,8 @@ def machine_text(machine):
 
 
 def folder_speed_lines(record):
-    """``{"crossover", "time ÷ softmax", "measured on"}``: what ``linearize info`` and the card state."""
+    """``{"crossover", "time ÷ softmax", "measured on"}``: what ``linearize info`` and the card state (a busy
+    machine's warning, when the record has one, in "measured on")."""
     method, reference = record["method"], record["reference"]
     ratios = ", ".join(f"{row['results'][method]['time_vs_softmax']:.2f} at N = {row['seq_len']:,}"
                        for row in record["rows"] if "time_vs_softmax" in row["results"].get(method, {}))
@@ -146,7 +149,8 @@ def folder_speed_lines(record):
     processes = record["config"].get("processes") or 0  # records before --processes: timed in linearize's process
     state = (f"medians of {processes} fresh processes of plain transformers (a user's state)" if processes else
              "in the linearize process (`linearize bench folder DIR --processes 5`: in a user's)")
+    busy = (record.get("machine") or {}).get("busy_warning")  # the timings' own caveat travels with them
     return {"crossover": crossover_text(record.get("crossover"), unit=reference),
             "time ÷ softmax": ratios or "—",
             "measured on": f"{machine_text(record.get('machine') or {})}, batch {record['config']['batch_size']}, "
-                           f"{state}, {date}"}
+                           f"{state}, {date}" + (f"; warning: {busy}" if busy else "")}
