@@ -34,13 +34,13 @@ def valid_report_to(report_to):
     return isinstance(report_to, str) and all(name in TRACKER_PACKAGES for name in tracker_names(report_to))
 
 
-def tracking_arguments(report_to, checkpoint_dir):
-    """The ``Accelerator`` keyword arguments that log to ``report_to`` ({} for none)."""
+def check_report_to(report_to):
+    """A one-line ``LinearizeError`` unless every name of ``report_to`` is a tracker whose package is installed:
+    a run checks this before its first stage, not when the stage that logs starts. Returns the names."""
     names = tracker_names(report_to)
     if not names:
-        return {}
+        return names
     from accelerate.tracking import get_available_trackers
-    from accelerate.utils import ProjectConfiguration
 
     available = {str(tracker) for tracker in get_available_trackers()}
     for name in names:
@@ -50,6 +50,16 @@ def tracking_arguments(report_to, checkpoint_dir):
         if name not in available:
             raise LinearizeError(f"--report-to {name} needs the {TRACKER_PACKAGES[name]} package: "
                                  f"pip install {TRACKER_PACKAGES[name]}")
+    return names
+
+
+def tracking_arguments(report_to, checkpoint_dir):
+    """The ``Accelerator`` keyword arguments that log to ``report_to`` ({} for none)."""
+    names = check_report_to(report_to)
+    if not names:
+        return {}
+    from accelerate.utils import ProjectConfiguration
+
     root = Path(checkpoint_dir) if checkpoint_dir else Path("runs")
     return {"log_with": names,
             "project_config": ProjectConfiguration(project_dir=str(root), logging_dir=str(root / LOGS_DIR))}

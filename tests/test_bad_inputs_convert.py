@@ -226,6 +226,13 @@ def test_convert_refuses_an_option_out_of_range_before_loading(ws):
                     "t2r: option feature_dim must be >= 1, got 0")
 
 
+def test_run_refuses_an_unknown_tracker_before_the_teacher_trains(ws):
+    """It failed once the data and the model were loaded and the teacher's stage began ([2/6])."""
+    args = "run {ws}/tiny.yaml --out {ws}/outs/run-tracker --report-to foo"
+    _one_line_error(args, ws, "--report-to 'foo' is not a tracker")
+    assert "[1/6]" not in runner.invoke(app, shlex.split(args.format(ws=ws))).output
+
+
 WHITEN = "darkformer: init=whiten needs calibration data, which conversion does not take"
 
 

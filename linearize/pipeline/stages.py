@@ -21,6 +21,7 @@ from ..evaluation import scores
 from ..outputs import writes_output
 from ..finetune import finetune
 from ..report import StageResult
+from ..trackers import check_report_to
 from ..training import has_device, main_process_first, on_main_process
 from .artifacts import RunState, drop_resume_checkpoints, link_or_copy, load_saved, save_model
 from .inputs import (TaskData, attention_dropout_warning, build_source_model, check_head, check_label_order,
@@ -89,6 +90,7 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     reuses its own (``linearize compare`` shares them between variants of stage 2).
     ``report_to``: experiment trackers for every training stage (``linearize.trackers``).
     """
+    check_report_to(report_to)  # before the teacher trains
     ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
     if stage1_from is not None and not ctx.state.done("stage1"):
         share_stage1(ctx, stage1_from)
