@@ -105,11 +105,10 @@ def attention_command(
         raise LinearizeError(f"{model} is a converted model folder: measure its crossover with "
                              f"`linearize bench folder {model}`")
     with writing_output(out):
-        result = run_bench(out, methods=methods or None, seq_lens=seq_lens or DEFAULT_SEQ_LENS, num_heads=num_heads,
-                           head_dim=head_dim, model=None if (model or "none").lower() == "none" else model,
-                           model_seq_lens=model_seq_lens or DEFAULT_MODEL_SEQ_LENS, measure=measure,
-                           log=console.print)
-    console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
+        run_bench(out, methods=methods or None, seq_lens=seq_lens or DEFAULT_SEQ_LENS, num_heads=num_heads,
+                  head_dim=head_dim, model=None if (model or "none").lower() == "none" else model,
+                  model_seq_lens=model_seq_lens or DEFAULT_MODEL_SEQ_LENS, measure=measure,
+                  log=console.print)  # it names the files it wrote
 
 
 @bench_app.command("long")
@@ -143,11 +142,10 @@ def long_command(
     from ..bench import run_long_bench  # after the arguments' checks: they answer before torch loads
 
     with writing_output(out):
-        result = run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
-                                methods=methods or None, softmax_max_bytes=softmax_max_bytes,
-                                convert_sliding_window=convert_sliding_window, **lengths, measure=measure,
-                                log=console.print)
-    console.print(f"written: {', '.join(str(f) for f in result.get('files', {}).values())}")
+        run_long_bench(out, geometries=[g.strip() for g in geometries.split(",") if g.strip()],
+                       methods=methods or None, softmax_max_bytes=softmax_max_bytes,
+                       convert_sliding_window=convert_sliding_window, **lengths, measure=measure,
+                       log=console.print)  # it names the files it wrote
 
 
 @bench_app.command("folder")
