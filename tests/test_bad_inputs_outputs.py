@@ -71,15 +71,17 @@ def cli_env():
 def linearize_process(*args, file_size_limit=None, env=None):
     """``linearize ARGS`` as a user runs it (a fresh process), with an optional file size limit
     (``ulimit -f``: a write past it fails with EFBIG; SIGXFSZ is ignored so the write fails instead
-    of killing the process)."""
-    def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    of killing the process). Ctrl-C (SIGINT) reaches it as in a terminal, whatever the test run inherited: a suite
+    started in the background by a non-interactive shell (``pytest ... &``) ignores SIGINT, and an ignored SIGINT
+    is inherited across exec (Python then installs no KeyboardInterrupt handler)."""
+    def prepare():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if file_size_limit:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
     return subprocess.Popen([sys.executable, "-m", "linearize.cli", *map(str, args)], env={**cli_env(), **(env or {})},
-                            text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=limit if file_size_limit else None)
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=prepare)
 
 
 def finished(process, timeout=600):
