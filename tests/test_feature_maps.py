@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linearize.attention.feature_maps.base import get_feature_map_class
+from linearize.attention.feature_maps import get_feature_map_class
 
 from linearize.attention import (FeatureMap, create_feature_map, kernel_statistics, linear_attention,
                                  linear_attention_weights, method_options, methods, quadratic_attention,

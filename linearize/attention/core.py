@@ -159,7 +159,7 @@ def feature_maps(q, k, feature_map, key_padding_mask=None, scale=None):
     padded = key_padding_mask is not None
     mask = real_key_mask(key_padding_mask, batch, seq_k, k.device)
     query_mask = mask if q.shape[2] == seq_k else None
-    phi_q, _ = feature_map(q.float() * root, mask=query_mask, **query_options(feature_map))  # its log-scale cancels
+    phi_q, _ = feature_map(q.float() * root, mask=query_mask, **query_options(feature_map))  # log-scale cancels
     phi_k, log_k = feature_map(k.float() * root, mask=mask)
     key_mask = mask[:, None, :, None]  # [B,1,Nk,1]
     if log_k is not None:
@@ -339,7 +339,7 @@ def _chunked_attention(q, k, v, feature_map, key_padding_mask, scale, eps, chunk
     query_mask = mask if seq_q == seq_k else torch.ones(batch, seq_q, device=q.device)
     for start in range(0, seq_q, chunk):
         stop = min(start + chunk, seq_q)
-        phi, _ = features_of_chunk(feature_map, q, query_mask, start, stop, root, queries=True)
+        phi, _ = features_of_chunk(feature_map, q, query_mask, start, stop, root, **query_options(feature_map))
         _write_chunk_output(phi, state, key_sum, bias, eps, feature_map, out[:, start:stop].permute(2, 0, 1, 3))
     return out.transpose(1, 2)
 
@@ -350,13 +350,12 @@ def query_options(feature_map):
     return {"log_scale": False} if getattr(feature_map, "skips_log_scale", False) else {}
 
 
-def features_of_chunk(feature_map, x, mask, start, stop, root, queries=False):
+def features_of_chunk(feature_map, x, mask, start, stop, root, **extra):
     """``(φ rows [H*B, c, D], log-scale [B, H, c, 1] or None)`` of the tokens ``start:stop`` of
     ``x [B, H, N, d]`` (times √scale), in :func:`scratch` buffers (head-major). A map that
-    ``writes_out`` writes its features into the buffer itself; another map's are copied there. ``queries``: the
-    caller drops the log-scale (:func:`query_options`)."""
+    ``writes_out`` writes its features into the buffer itself; another map's are copied there. ``extra`` goes to
+    the map (a query's :func:`query_options`)."""
     batch, heads, _, dim = x.shape
-    extra = query_options(feature_map) if queries else {}
     hooked = bool(feature_map._forward_hooks or feature_map._forward_pre_hooks)
     if (batch == 1 and x.dtype == torch.float32 and not hooked and getattr(feature_map, "writes_out", False)
             and getattr(feature_map, "folds_input_scale", False)):  # one sequence: its [H, c, d] rows are a view
@@ -375,8 +374,8 @@ def features_in_buffer(feature_map, given, mask, start, name, **extra):
     """``(φ rows [H*B, c, D], log-scale or None)`` of the chunk ``given [B, H, c, d]`` (the map's input) of a
     sequence with the ``[B, N]`` mask ``mask``, starting at token ``start``, in the :func:`scratch` buffer
     ``name`` (head-major): a map that ``writes_out`` writes into it, another map's features are copied there.
-    ``extra`` (``input_scale``, ``log_scale``) goes to the map. A map with hooks gets a copy of its input and writes nowhere
-    shared: a hook may keep its tensors."""
+    ``extra`` (``input_scale``, ``log_scale``) goes to the map. A map with hooks gets a copy of its input and writes
+    nowhere shared: a hook may keep its tensors."""
     batch, heads, size, _ = given.shape
     out = scratch(name, (heads, batch, size, feature_map.feature_dim), given.device)
     if feature_map._forward_hooks or feature_map._forward_pre_hooks:

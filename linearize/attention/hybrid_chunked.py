@@ -423,7 +423,8 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
     queries = _halo(q, keys, start, stop, keys.root, "linearize.hybrid.queries")
     num, sink, exact = _exact_window_part(queries, keys, start, stop, keys.real if keys.whole else
                                           _real_keys(keys, start, stop))
-    phi = _halo_features(queries, keys, feature_map, mask, start, queries=True)[0]  # [rows·(blocks + 2), R, D]
+    phi = _halo_features(queries, keys, feature_map, mask, start,
+                         **query_options(feature_map))[0]  # [rows·(blocks + 2), R, D]
     phi.view(rows, -1, phi.shape[-1]).mul_(gamma)  # γ φ(q_i): the linear part's γ, in the outside and sink terms
     num.baddbmm_(phi, _outside_window(keys, start, stop))
     if sink is not None:
@@ -448,13 +449,12 @@ def _query_chunk(q, keys, feature_map, mask, start, stop, gamma, eps, out):
         torch.div(values, den, out=out)
     else:
         out.copy_(cast_finite(values / den, out.dtype))
-def _halo_features(halo, keys, feature_map, mask, start, queries=False):
+def _halo_features(halo, keys, feature_map, mask, start, **extra):
     """``(features [rows·(blocks + 2), R, D], log-scale [B, H, halo, 1] or None)`` of a halo of queries or keys
     (:func:`_halo`, times ``√scale``: the map's input) starting ``R`` tokens before the token ``start``; the
     padding blocks' features are computed too (the caller zeroes or ignores them). The map sees the halo as a
     chunk of a sequence with ``R`` padded tokens before its first token, so a map that reads positions from the
-    mask (cosFormer) places every token where it is. ``queries``: the caller drops the log-scale
-    (``core.query_options``)."""
+    mask (cosFormer) places every token where it is. ``extra`` goes to the map (a query's ``core.query_options``)."""
     block, heads, batch = keys.block, keys.heads, keys.batch
     length = halo.shape[0] // keys.rows * block
     given = halo.view(heads, batch, length, -1).transpose(0, 1)
@@ -462,8 +462,7 @@ def _halo_features(halo, keys, feature_map, mask, start, queries=False):
         keys.around = (start, length), torch.nn.functional.pad(mask, (block, max(0, start + length - block
                                                                                   - mask.shape[1])))
     around = keys.around[1]
-    phi, log = features_in_buffer(feature_map, given, around, start, "linearize.hybrid.features",
-                                  **(query_options(feature_map) if queries else {}))
+    phi, log = features_in_buffer(feature_map, given, around, start, "linearize.hybrid.features", **extra)
     return phi.view(-1, block, phi.shape[-1]), log
 
 

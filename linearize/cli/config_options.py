@@ -21,13 +21,14 @@ def _option_type(kind):
     return kind
 
 
-def config_options(config_class, *, include=None, exclude=(), unset_is_none=False, unset_help="unless --recipe sets another",
-                   into="config"):
+def config_options(config_class, *, include=None, exclude=(), unset_is_none=False,
+                   unset_help="unless --recipe sets another", into="config"):
     """Decorator: the command gains one option per field of ``config_class`` (only ``include``
     when given, never ``exclude``) and receives their values as one argument ``into``: a
     ``config_class`` instance (the fields left out at their defaults) or, with
     ``unset_is_none``, the dict of the options given (every option defaults to None, so a preset
-    chosen by the command fills the rest; the help names the field's default and ``unset_help``, when it applies)."""
+    chosen by the command fills the rest; the help names the field's default and ``unset_help``: when it
+    applies)."""
     hints = typing.get_type_hints(config_class)
     chosen = [f for f in dataclasses.fields(config_class)
               if f.name not in exclude and (include is None or f.name in include)]

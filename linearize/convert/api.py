@@ -15,7 +15,7 @@ from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
 
-from ..attention.feature_maps import check_conversion_options, check_method_options
+from ..attention.feature_maps import check_conversion_options
 from ..config import HybridConfig, SlidingWindowConfig
 from ..errors import LinearizeError
 from . import positions, resolution, sentence_transformers
@@ -429,7 +429,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     from .loading import load_source_model, resolve_model_name
 
     options = dict(options or {})
-    check_method_options(method, options)
+    check_conversion_options(method, options)
     hybrid_settings(window, sinks, gamma, method, hybrid_layers)  # before the model loads
     if out is None:
         raise LinearizeError("pass --out DIR: the folder to write the converted model to")

@@ -6,9 +6,9 @@ import json
 import pkgutil
 
 from ...markdown import markdown_table
-from .base import (FEATURE_MAPS, FeatureMap, MethodOptions, OptionError, check_conversion_options, check_field_types, check_method_options,
-                   create_feature_map, default_comparison, get_feature_map_class, method_notes, method_options,
-                   method_settings, methods, option_help, options_for, register_feature_map)
+from .base import (FEATURE_MAPS, FeatureMap, MethodOptions, OptionError, check_conversion_options, check_field_types,
+                   check_method_options, create_feature_map, default_comparison, get_feature_map_class, method_notes,
+                   method_options, method_settings, methods, option_help, options_for, register_feature_map)
 
 #: the modules, in order, that a saved model's self-contained remote code bundles: ``base``
 #: first, then every other module of this package
@@ -30,7 +30,7 @@ def methods_table():
     return markdown_table(["method", "paper", "options (default): meaning"], rows, align=["none"] * 3) + "\n"
 
 
-__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "MethodOptions", "OptionError", "check_field_types",
-           "check_conversion_options", "check_method_options", "create_feature_map", "default_comparison", "get_feature_map_class",
-           "method_notes", "method_options", "method_settings", "methods", "methods_table", "option_help",
-           "options_for", "register_feature_map"]
+__all__ = ["FEATURE_MAPS", "FeatureMap", "MAP_MODULES", "MethodOptions", "OptionError", "check_conversion_options",
+           "check_field_types", "check_method_options", "create_feature_map", "default_comparison",
+           "get_feature_map_class", "method_notes", "method_options", "method_settings", "methods", "methods_table",
+           "option_help", "options_for", "register_feature_map"]

@@ -41,13 +41,16 @@ def orthogonal_gaussian(rows, dim, generator):
     return directions * norms
 
 
-def positive_random_features(x, omega, num_features):
-    """FAVOR+ in log space: ``(exp(log φ − s), s)`` for ``x [B,H,N,r]``, ``omega [H,m,r]``.
+def positive_random_features(x, omega, num_features, log_scale=True):
+    """FAVOR+ in log space: ``(exp(log φ − s), s)`` for ``x [B,H,N,r]``, ``omega [H,m,r]`` (``s`` None
+    without ``log_scale``: :func:`exponentiated_projection`).
 
     ``log φ_i = ωᵢᵀx − ‖x‖²/2 − ½ log m`` and ``s = max_i log φ_i``; the per-token terms cancel
     in ``log φ − s = ωᵢᵀx − max_j ωⱼᵀx``, so only the projection is touched at full width.
     """
     proj = torch.matmul(x, (omega * LOG2_E).transpose(1, 2))  # [B,H,N,m], in base-2 log units
+    if not log_scale:
+        return exponentiated_projection(proj), None
     return features_from_projection(proj, x.pow(2).sum(dim=-1, keepdim=True), num_features)
 
 
@@ -65,9 +68,9 @@ def features_from_projection(proj, squared_norm, num_features, out=None):
 
 
 def exponentiated_projection(proj, out=None):
-    """``exp(a − a')``, the features of :func:`features_from_projection` without their log-scale (a query's, which
-    the caller drops): ``‖x‖²`` is not needed. ``proj [..., ≥ m]`` may be wider: its first ``out``'s width (all of
-    it when ``out`` is None) are the ``m`` projections."""
+    """``exp(a − a')``, the features of :func:`features_from_projection` without their log-scale (a query's,
+    which the caller drops): ``‖x‖²`` is not needed. ``proj [..., ≥ m]`` may be wider: its first ``out``'s width
+    (all of it when ``out`` is None) are the ``m`` projections."""
     proj = proj if out is None else proj[..., :out.shape[-1]]
     return torch.sub(proj, proj.amax(dim=-1, keepdim=True), out=out).exp2_()
 
@@ -113,9 +116,7 @@ class PerformerFeatureMap(FeatureMap):
     def forward(self, x, mask=None, out=None, log_scale=True):
         omega = self.cast(self.omega, x)
         if out is None:
-            if not log_scale:  # a query's: no ‖x‖²
-                return exponentiated_projection(torch.matmul(x, (omega * LOG2_E).transpose(1, 2))), None
-            return positive_random_features(x, omega, self.num_features)
+            return positive_random_features(x, omega, self.num_features, log_scale)
         # inference: the projection into the caller's buffer, its exp2 in place, ‖x‖² with no squared copy
         scaled = self.reused("scaled_omega", x.dtype, lambda: (omega * LOG2_E).transpose(1, 2), self.omega)
         proj = per_head_matmul(x, scaled, out)
