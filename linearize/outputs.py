@@ -15,6 +15,7 @@ previous output left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -367,7 +368,8 @@ def locked_output(path, *, option="--out", command=None, lock=True):
     path. A second writer is refused in one line naming the holder (``command``: what the holder
     runs; default this process's command line). The OS releases the lock of a killed process:
     the next writer takes it over and removes what the killed one left half-written
-    (:func:`remove_stale_temporaries`). The lock files go when the lock is released. ``lock``:
+    (:func:`remove_stale_temporaries`). The lock files go when the lock is released, and so does the
+    folder itself when it did not exist before and the writer failed leaving it empty. ``lock``:
     False in a launcher's other processes (the main one writes and holds it)."""
     import filelock
 
@@ -389,10 +391,16 @@ def locked_output(path, *, option="--out", command=None, lock=True):
             "another linearize process"
         raise LinearizeError(f"{path} is being written by {who} ({held_by or 'holder unknown'}); "
                              f"wait until it ends, or choose another {option}") from None
+    absent = not path.exists()
     try:
         holder_path.write_text(lock_holder(command) + "\n", encoding="utf-8")
         remove_stale_temporaries(path)
         yield path
+    except BaseException:
+        if absent:  # a command refused before it wrote anything leaves no empty folder behind
+            with contextlib.suppress(OSError):  # not empty, or not a folder: kept
+                path.rmdir()
+        raise
     finally:
         holder_path.unlink(missing_ok=True)
         lock_path.unlink(missing_ok=True)  # while still held: the next writer locks a new file

@@ -485,6 +485,21 @@ def test_a_run_folders_leftover_stage_temporaries_are_removed_when_its_lock_is_t
     assert (run / "teacher").is_dir()
 
 
+def test_a_writer_that_fails_before_writing_leaves_no_empty_folder(tmp_path):
+    """A folder the writer made (as `linearize run` does before its data loads) goes when it fails empty;
+    a folder that was there before, or one the writer put something in, stays."""
+    fresh, there, written = tmp_path / "fresh", tmp_path / "there", tmp_path / "written"
+    there.mkdir()
+    for folder, content in ((fresh, None), (there, None), (written, "state.json")):
+        with pytest.raises(LinearizeError), locked_output(folder):
+            folder.mkdir(exist_ok=True)
+            if content:
+                (folder / content).write_text("{}")
+            raise LinearizeError("the data set could not be loaded")
+    assert not fresh.exists() and there.is_dir() and (written / "state.json").is_file()
+    assert hidden(tmp_path) == []  # the lock files went too
+
+
 # ---- 4. Ctrl-C: one line saying what a re-run does, exit 130 ----------------------------------------
 
 def test_ctrl_c_during_distill_says_how_to_resume(ws, tmp_path):

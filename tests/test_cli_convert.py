@@ -95,6 +95,36 @@ def test_path_that_is_neither_folder_nor_on_the_hub(tmp_path):
     assert code == 1 and "could not be fetched" in text and "did you mean minilm?" in " ".join(text.split())
 
 
+def test_an_unreachable_hub_is_said_at_once_not_after_retries(tmp_path, monkeypatch):
+    """Online mode with an endpoint that refuses connections: the id, not cached, is refused after one probe
+    (not huggingface_hub's five retries), with the alias hint; a proxy or offline mode skips the probe."""
+    from huggingface_hub import constants
+
+    from linearize.convert.loading import hub_unreachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    assert "127.0.0.1:9" in hub_unreachable("nobody-xyz/no-such-model")
+    code, text = invoke("convert", "minlm", "--out", tmp_path / "o")
+    flat = " ".join(text.split())
+    assert code == 1 and "the Hub is unreachable (127.0.0.1:9" in flat and "did you mean minilm?" in flat, text
+    assert text.count("\n") <= 3 and not (tmp_path / "o").exists()
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    assert hub_unreachable("nobody-xyz/no-such-model") is None  # reached through the proxy: not probed
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub_unreachable("nobody-xyz/no-such-model") is None
+
+
+def test_the_version_is_printed():
+    from linearize.version import __version__
+
+    code, text = invoke("--version")
+    assert code == 0 and text.strip() == f"linearize {__version__}"
+
+
 def test_corrupt_or_truncated_safetensors(tiny_bert, tmp_path):
     weights = tiny_bert / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])

@@ -46,8 +46,17 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(
                       "machine slows a run but does not stall it: docs/usage.md, 'Threads').")]
 
 
+def print_version(value: bool):
+    if value:
+        from ..version import __version__
+
+        typer.echo(f"linearize {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def root():
+def root(version: Annotated[bool, typer.Option(
+        "--version", callback=print_version, is_eager=True, help="Print linearize's version and exit.")] = False):
     """linearize: convert, distill, fine-tune, evaluate and publish linear-attention encoders."""
     if launched_processes() == 1:  # read from the environment: a plain command does not load torch here
         return

@@ -46,7 +46,8 @@ def compare_command(
     Finished runs in --out are reused: re-running continues an interrupted comparison.
     Example: linearize compare --methods luna,hedgehog,t2r --seeds 0,1,2
     """
-    from ..recipes import load_recipe, parse_set
+    from ..attention.feature_maps import default_comparison
+    from ..recipes import check_option_blocks, load_recipe, parse_set
 
     names = [name.strip() for name in (methods or "").split(",") if name.strip()]
     if methods is not None:
@@ -54,7 +55,9 @@ def compare_command(
     seed_list = _names_some(int_list(seeds, "--seeds", "seeds", "0,1,2"), "--seeds", seeds, "seed", "0,1,2")
     check_method_names(*names)
     set_threads(threads)
-    resolved = load_recipe(recipe, overrides=parse_set(set_), quick=quick)
+    overrides = parse_set(set_)
+    resolved = load_recipe(recipe, overrides=overrides, quick=quick)
+    check_option_blocks(overrides, names or default_comparison())
     out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
     with writing_output(out):
         from ..compare import compare, render, variant_settings  # after the recipe's checks

@@ -47,7 +47,7 @@ def run_command(
     linearize run bert-base-glue --task mrpc --set data.data_dir=~/glue;
     linearize run minilm-embeddings --train-file my_sentences.txt
     """
-    from ..recipes import load_recipe, parse_set
+    from ..recipes import check_option_blocks, load_recipe, parse_set
 
     check_method_names(method)  # the recipe's own method is checked when it loads
     set_threads(threads)
@@ -62,6 +62,7 @@ def run_command(
     if option:
         overrides["options"] = parse_options(option)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
+    check_option_blocks(overrides, [resolved.method])
     out = out or Path("runs") / f"{resolved.name}-{resolved.method}{'-quick' if quick else ''}"
     with writing_output(out):
         from ..pipeline import run  # after the recipe's checks: they answer before torch loads

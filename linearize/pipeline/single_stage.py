@@ -198,6 +198,10 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
 
     config = (config or FinetuneConfig()).check()
     run_config = single_stage_config(model, task, data)
+    if teacher is None and config.kd_weight:  # before the model and the data load
+        raise LinearizeError(f"kd_weight {config.kd_weight:g} distils toward a softmax teacher's outputs, and none is "
+                             "given: pass --teacher (the softmax model the student was converted from), or drop "
+                             "--kd-weight")
     out = prepare_output_dir(out, overwrite=overwrite)
     task_data, net, converted = _stage_inputs(run_config, head)
     if teacher is not None:

@@ -139,6 +139,7 @@ def start_run(config, out_dir, *, overwrite, progress, log, report_to="none"):
     from accelerate.utils import set_seed
 
     from ..attention.feature_maps import options_for
+    from ..convert.loading import check_model_name, check_reachable
     from ..outputs import check_output_path
 
     # the run keeps (and compares with its folder) the options its own method is converted with
@@ -149,6 +150,7 @@ def start_run(config, out_dir, *, overwrite, progress, log, report_to="none"):
     set_seed(config.seed)
     started = time.perf_counter()
     log(f"[1/6] data: {config.task}")
+    check_reachable(config.model, check_model_name(config.model))  # its tokenizer loads with the data
     with main_process_first():  # several processes: a download (or a cache) is made once
         task = TaskData.load(config)
     if task.spec.is_embedding:  # the teacher is the encoder as it is: its embeddings are the target

@@ -81,6 +81,21 @@ def _scalar(text):
     return yaml_number(yaml.safe_load(text))
 
 
+def check_option_blocks(overrides, methods):
+    """A one-line ``LinearizeError`` when ``overrides`` (``--set``) set a method's own options block,
+    ``options.<method>.*``, for a method the command does not convert (``methods``): it could not take
+    effect. (A recipe file may hold blocks for every method it is compared with; a user's override names
+    what they mean to change.)"""
+    from ..attention.feature_maps import methods as all_methods
+
+    named = set(all_methods())
+    for key in (overrides or {}).get("options") or {}:
+        if key in named and key not in methods:
+            raise LinearizeError(f"--set options.{key}.* sets {key}'s options, but this converts with "
+                                 f"{', '.join(methods)}: set the options of a method it converts, or convert with "
+                                 f"{key} (--method {key})")
+
+
 def load_recipe(name_or_path=None, *, overrides=None, quick=False, check_model=True):
     """The checked :class:`~linearize.config.RunConfig` of a recipe (defaults ← YAML ← quick ←
     overrides): checked once, here, before anything runs (``RunConfig.validate``; ``check_model=False``:
