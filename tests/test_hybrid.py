@@ -952,6 +952,22 @@ def test_cli_convert_with_a_window_and_with_sinks_only(tmp_path):
     assert plain.exit_code == 0 and "hybrid" not in plain.output and "linear attention" in plain.output
 
 
+def test_cli_hybrid_layers_comma_separated_or_repeated(tmp_path):
+    """``--hybrid-layers 0,1`` as ``--layers`` takes it, or the option repeated; a non-integer is one line."""
+    build("bert").save_pretrained(tmp_path / "tiny")
+    repeated = ["--hybrid-layers", "1", "--hybrid-layers", "0"]
+    for name, layers in (("comma", ["--hybrid-layers", "1,0"]), ("repeated", repeated)):
+        out = tmp_path / name
+        result = runner.invoke(app, ["convert", str(tmp_path / "tiny"), "--out", str(out), "--method", "hedgehog",
+                                     "--window", "4", *layers])
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "config.json").read_text())["linearize"]["_data"]["hybrid_layers"] == [0, 1]
+    wrong = runner.invoke(app, ["convert", str(tmp_path / "tiny"), "--out", str(tmp_path / "x"), "--method",
+                                "hedgehog", "--window", "4", "--hybrid-layers", "1,x"])
+    assert wrong.exit_code == 1 and wrong.output.count("\n") == 1, wrong.output
+    assert "--hybrid-layers '1,x' is not a list of integers" in wrong.output and not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("args,fragment", [
     ("--window 4 --sinks middle", "middle"),
     ("--sinks first,middle", "middle"),

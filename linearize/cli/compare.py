@@ -46,7 +46,6 @@ def compare_command(
     Finished runs in --out are reused: re-running continues an interrupted comparison.
     Example: linearize compare --methods luna,hedgehog,t2r --seeds 0,1,2
     """
-    from ..attention.feature_maps import default_comparison
     from ..recipes import check_option_blocks, load_recipe, parse_set
 
     names = [name.strip() for name in (methods or "").split(",") if name.strip()]
@@ -57,6 +56,8 @@ def compare_command(
     set_threads(threads)
     overrides = parse_set(set_)
     resolved = load_recipe(recipe, overrides=overrides, quick=quick)
+    from ..attention.feature_maps import default_comparison  # torch: loaded by the recipe's checks by now
+
     check_option_blocks(overrides, names or default_comparison())
     out = out or Path("runs") / f"compare-{resolved.name}{'-quick' if quick else ''}"
     with writing_output(out):

@@ -21,6 +21,27 @@ def _option_type(kind):
     return kind
 
 
+def _is_int_list(kind):
+    """Whether a field's type is ``list[int]`` (or ``list[int] | None``)."""
+    kind = _option_type(kind)
+    if typing.get_origin(kind) is typing.Union:
+        kind = typing.get_args(kind)[0]
+    return typing.get_origin(kind) is list and typing.get_args(kind) == (int,)
+
+
+def _int_list(name, given):
+    """A list option's values, each an integer or a comma-separated list (``--x 1 --x 2`` or ``--x 1,2``),
+    as one list; anything else is one line naming the option."""
+    from ..errors import LinearizeError
+
+    option = "--" + name.replace("_", "-")
+    try:
+        return [int(part) for text in given for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LinearizeError(f"{option} {' '.join(given)!r} is not a list of integers (example: {option} 1,2 or "
+                             f"{option} 1 {option} 2)") from None
+
+
 def config_options(config_class, *, include=None, exclude=(), unset_is_none=False,
                    unset_help="unless --recipe sets another", into="config"):
     """Decorator: the command gains one option per field of ``config_class`` (only ``include``
@@ -33,16 +54,20 @@ def config_options(config_class, *, include=None, exclude=(), unset_is_none=Fals
     chosen = [f for f in dataclasses.fields(config_class)
               if f.name not in exclude and (include is None or f.name in include)]
 
+    lists = [item.name for item in chosen if _is_int_list(hints[item.name])]
+
     def parameter(item):
-        kind = _option_type(hints[item.name])
+        # a list of integers is read as text, repeated or comma-separated as --layers (_int_list)
+        kind = Optional[list[str]] if item.name in lists else _option_type(hints[item.name])
         if unset_is_none:
-            kind = Optional[_option_type(hints[item.name])]
+            kind = Optional[kind]
             default_text = "none" if _default_of(item) is None else _default_of(item)
             help_text = f"{item.metadata.get('help', '')} (Default {default_text} {unset_help}.)"
             default = None
         else:
             help_text, default = item.metadata.get("help", ""), _default_of(item)
-        annotation = Annotated[kind, typer.Option(help=help_text, show_default=not unset_is_none)]
+        metavar = {"metavar": "<int,...>"} if item.name in lists else {}
+        annotation = Annotated[kind, typer.Option(help=help_text, show_default=not unset_is_none, **metavar)]
         return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
     def decorate(command):
@@ -53,6 +78,9 @@ def config_options(config_class, *, include=None, exclude=(), unset_is_none=Fals
         @functools.wraps(command)
         def wrapper(*args, **kwargs):
             values = {item.name: kwargs.pop(item.name) for item in chosen}
+            for name in lists:
+                if values[name] is not None:
+                    values[name] = _int_list(name, values[name])
             if unset_is_none:
                 kwargs[into] = {name: value for name, value in values.items() if value is not None}
             else:

@@ -45,9 +45,16 @@ def methods_command(
         fm = meta_feature_map(name, head_dim, num_heads, mine)
         check_feature_map_memory(name, map_bytes(fm, 4), 1, mine)
         feature_dim = "exact" if fm.exact_softmax else str(fm.feature_dim)
-        opts = ", ".join(f"{k}={v}" for k, v in method_options(name).items())
+        opts = ", ".join(f"{k}={option_text(v)}" for k, v in method_options(name).items())
         table.add_row(name, fm.paper, feature_dim, f"{fm.num_learnable_parameters():,}", opts or "-")
     console.print(table)
+
+
+def option_text(value):
+    """An option's default as one types it (``--option shared_mlp=false``); None: chosen from the geometry."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "auto" if value is None else str(value)
 
 
 @app.command("convert")
