@@ -3,6 +3,7 @@ and the long-review study's command (docs/experiments/long-reviews/measure.py) i
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,15 @@ def test_measure_tiny_mode_writes_the_table_and_reuses_finished_seeds(tiny, tmp_
     assert (variant["truncated"], variant["full"]) == (seed0["truncated"], seed0["full"])
     record = conversion_record(linearize.load(tmp_path / "hybrid" / "seed0" / "full" / "model"))
     assert (record.window, record.sinks) == (8, ("first",))
+    # on a fresh machine only the committed result.json of the shared seed is left: (a)'s score is taken
+    # from it (not trained again), teacher (b) trains again for the student
+    (tmp_path / "restored" / "seed0").mkdir(parents=True)
+    shutil.copy(tmp_path / "study" / "seed0" / "result.json", tmp_path / "restored" / "seed0" / "result.json")
+    again = measure.measure(hybrid, tmp_path / "hybrid-again", seeds=[0], truncate=16, progress=False,
+                            log=lambda *a: None, teachers_from=tmp_path / "restored")["per_seed"][0]
+    assert again["truncated"] == seed0["truncated"]
+    assert (tmp_path / "hybrid-again" / "seed0" / "full" / "teacher" / "config.json").is_file()
+    assert not (tmp_path / "hybrid-again" / "seed0" / "teacher-16").exists()
 
 
 

@@ -53,7 +53,9 @@ def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None,
                  teachers_from=None):
     """Seed ``seed``'s row of every column (``out/seed<N>/result.json``, reused when there).
     ``teachers_from``: another study's ``--out`` whose seed folders hold finished teachers (a) and (b)
-    of the same recipe: they are reused (``linearize run --teacher-from``), only the student trains."""
+    of the same recipe: they are reused (``linearize run --teacher-from``), only the student trains. A teacher
+    folder that is gone is trained again, but for (a) of a finished seed: its score is taken from the seed's
+    ``result.json`` (:func:`shared_truncated_score`)."""
     folder = Path(out) / f"seed{seed}"
     done = folder / "result.json"
     if done.is_file():
@@ -63,23 +65,36 @@ def measure_seed(recipe, seed, out, *, truncate, device="cpu", max_reviews=None,
     shared = Path(teachers_from) / f"seed{seed}" if teachers_from is not None else None
     log(f"== seed {seed}: (a) the softmax teacher cut at {truncate} tokens")
     short = shared_teacher(shared / f"teacher-{truncate}") if shared is not None else None
-    if short is None:
+    measured = shared_truncated_score(shared, truncate) if short is None and shared is not None else None
+    if short is None and measured is None:
         short, _ = run_teacher(seeded.with_overrides({"data": {"max_length": truncate}}),
                                folder / f"teacher-{truncate}", progress=progress, log=log)
     log(f"== seed {seed}: (b) the softmax teacher and (c) the {recipe.method} student at "
         f"{recipe.data.max_length} tokens")
-    report = run(seeded, folder / "full", progress=progress, log=log,
-                 teacher_from=shared / "full" if shared is not None else None).to_json()
+    full_teacher = shared / "full" if shared is not None and shared_teacher(shared / "full") is not None else None
+    report = run(seeded, folder / "full", progress=progress, log=log, teacher_from=full_teacher).to_json()
     split, metric = report["recovery"]["split"], report["task"]["primary_metric"]
     result = {"seed": seed, "split": split, "metric": metric, "truncate": truncate,
               "max_length": recipe.data.max_length, "method": recipe.method,
-              "truncated": short.scores[split][metric], "full": report["scores"]["teacher"][split][metric],
+              "truncated": short.scores[split][metric] if short is not None else measured,
+              "full": report["scores"]["teacher"][split][metric],
               "student": report["scores"]["student"][split][metric],
               "recovery": report["recovery"]["per_metric"][metric],
               "latency_at_max_length": report["latency"],
               "time_per_review": time_per_review(folder / "full", seeded, device, max_reviews)}
     atomic_write_json(done, result)
     return result
+
+
+def shared_truncated_score(shared, truncate):
+    """(a)'s score from another study's finished seed (its ``result.json``) when its teacher folder is gone (a
+    fresh machine, the result committed): the same recipe and seed give the same teacher, so it is not trained
+    again just for a number. None when there is no such result."""
+    done = Path(shared) / "result.json"
+    if not done.is_file():
+        return None
+    result = json.loads(done.read_text())
+    return result["truncated"] if result.get("truncate") == truncate else None
 
 
 def shared_teacher(run_dir):

@@ -8,8 +8,8 @@
 # ~30-70 min per student.
 # Resumable: a re-run continues inside its run folders and reuses finished seeds. A finished seed's result is
 # also copied here (pure/seedN/result.json, hybrid/seedN/result.json) to be committed, and a run on a fresh
-# machine starts from those: only unfinished seeds train. (A hybrid seed whose pure teachers are gone trains its
-# own, with the same seed and recipe.)
+# machine starts from those: only unfinished seeds train. (A hybrid seed whose pure teachers are gone trains
+# teacher (b) again, the same seed and recipe, and takes (a)'s score from the pure seed's result.json.)
 #   OUT=/work/runs bash docs/experiments/hybrid/long-reviews-luna/run.sh   # default OUT: runs
 set -e
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1  # from any folder
@@ -36,9 +36,7 @@ for last in 0 1 2; do
   PYTHONPATH=. .venv/bin/python docs/experiments/long-reviews/measure.py --out "$OUT/lr-luna-pure" --seeds "$seeds" \
     $LUNA --set hybrid.window=0 --set hybrid.sinks=none --set hybrid.hybrid_layers=null --threads 2
   keep pure
-  teachers=()
-  [ -f "$OUT/lr-luna-pure/seed$last/full/state.json" ] && teachers=(--teachers-from "$OUT/lr-luna-pure")
   PYTHONPATH=. .venv/bin/python docs/experiments/long-reviews/measure.py --out "$OUT/lr-luna-hybrid" --seeds "$seeds" \
-    $LUNA "${teachers[@]}" --threads 2
+    $LUNA --teachers-from "$OUT/lr-luna-pure" --threads 2
   keep hybrid
 done
