@@ -327,6 +327,14 @@ def test_eval_image_on_a_text_model_says_it_is_a_text_model(ws, model):
                     "image model (e.g. vit-base)")
 
 
+def test_eval_image_takes_data_dir_as_an_image_folder_and_asks_for_one_or_the_other(ws):
+    """--data-dir alone is an image folder (--dataset imagefolder); neither is one line naming both."""
+    _one_line_error("eval image {ws}/luna --data-dir {ws}/fmnist", ws,  # Fashion-MNIST's files: no class folders
+                    f"cannot read image folder {ws}/fmnist")
+    _one_line_error("eval image {ws}/luna", ws, "name the images: --dataset fashion-mnist (or a Hub data set id), or "
+                    "--data-dir with one folder of images per class")
+
+
 def test_run_on_an_image_task_with_a_text_model_says_it_is_a_text_model(ws):
     _one_line_error("run --quick --task fashion-mnist --set data.data_dir={ws}/fmnist --model {ws}/tiny "
                     "--out {ws}/outs/run-image", ws, f"{ws}/tiny is a text model (bert), but task fashion-mnist is an "

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config import DataConfig
+from ..errors import LinearizeError
 from .common import TEXT_DATA_FIELDS, ThreadsOpt, app, check_arguments, friendly_errors, print_scores, set_threads
 from .config_options import config_options
 
@@ -92,7 +93,8 @@ def eval_text(
 @config_options(DataConfig, include=("data_dir",), into="data")
 def eval_image(
     model: ModelArg,
-    dataset: Annotated[str, typer.Option("--dataset", help="fashion-mnist, imagefolder or a Hub data set id.")],
+    dataset: Annotated[Optional[str], typer.Option(
+        "--dataset", help="fashion-mnist, imagefolder or a Hub data set id (default with --data-dir: imagefolder).")] = None,
     batch_size: BatchOpt = 128,
     json_path: JsonOpt = None,
     threads: ThreadsOpt = None,
@@ -102,6 +104,10 @@ def eval_image(
 
     Example: linearize eval image runs/vit-fashionmnist-luna/model --dataset fashion-mnist
     """
+    if dataset is None and data.data_dir is None:
+        raise LinearizeError("name the images: --dataset fashion-mnist (or a Hub data set id), or --data-dir with "
+                             "one folder of images per class")
+    dataset = dataset or "imagefolder"
     json_path = _checked_json(json_path)
     check_arguments(model, data)
     from ..pipeline import evaluate_model
