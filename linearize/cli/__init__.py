@@ -43,13 +43,39 @@ def main():
     keep_freed_memory()  # the command's steps reuse their freed memory: see linearize/allocator.py
     succeeded = False
     try:
-        app()
+        run_app()
         succeeded = True
     except SystemExit as done:
         succeeded = done.code in (None, 0)
         raise
     finally:
         leave_process_group(succeeded)
+
+
+def run_app():
+    """Run ``app`` and exit with its status. Click's own usage errors (an unknown option or command, a
+    missing argument, a value of the wrong type) are one line, as every other user error is:
+    ``error: <what> (see linearize CMD --help)``, exit 2 (Typer's box put the usage line and a hint around
+    the message: five lines)."""
+    import typer
+    from rich.markup import escape
+    from typer._click import exceptions as parse_errors  # Typer 0.29 (pinned) carries its own copy of click
+
+    try:
+        code = app(standalone_mode=False)
+    except parse_errors.NoArgsIsHelpError as error:  # a command group without a command: its help, printed
+        raise SystemExit(error.exit_code) from None
+    except parse_errors.ClickException as error:
+        context = getattr(error, "ctx", None)
+        usage = isinstance(error, parse_errors.UsageError) and context is not None
+        hint = f" (see {context.command_path} --help)" if usage else ""
+        err_console.print(f"[bold red]error:[/] {escape(error.format_message() + hint)}", highlight=False,
+                          soft_wrap=True)
+        raise SystemExit(error.exit_code) from None
+    except typer.Abort:  # end of input at a prompt
+        err_console.print("aborted", highlight=False)
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 def leave_process_group(succeeded):
