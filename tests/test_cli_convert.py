@@ -49,6 +49,28 @@ def test_convert_with_a_new_head(tiny_bert, tmp_path):
         "BertForTokenClassification"
 
 
+def test_convert_with_a_question_answering_head_loads_with_plain_transformers(tiny_bert, tmp_path):
+    """``--head question-answering``: the saved folder's remote code builds the same span-extraction model
+    through ``AutoModelForQuestionAnswering`` that ``linearize.load`` does."""
+    import linearize
+
+    out = tmp_path / "qa"
+    code, text = invoke("convert", tiny_bert, "--out", out, "--head", "question-answering", "--method", "hedgehog")
+    assert code == 0, text
+    assert ConversionRecord.from_config(json.loads((out / "config.json").read_text())).architecture == \
+        "BertForQuestionAnswering"
+    ids = torch.randint(5, 90, (2, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    plain = T.AutoModelForQuestionAnswering.from_pretrained(out, trust_remote_code=True).eval()
+    ours = linearize.load(out).eval()
+    with torch.no_grad():
+        expected, got = ours(input_ids=ids, attention_mask=mask), plain(input_ids=ids, attention_mask=mask)
+    assert type(ours).__name__.endswith("BertForQuestionAnswering") and got.start_logits.shape == (2, 11)
+    torch.testing.assert_close(got.start_logits, expected.start_logits)
+    torch.testing.assert_close(got.end_logits, expected.end_logits)
+
+
 def test_refuses_a_non_empty_output_folder_unless_overwrite(tiny_bert, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -74,7 +74,7 @@ def convert_command(
         help="Allow loading pickled .bin weights (can run code; only for sources you trust).")] = False,
     head: Annotated[Optional[str], typer.Option(
         help="Load this task head instead of the checkpoint's own: base, sequence-classification, "
-             "token-classification, masked-lm, image-classification.")] = None,
+             "token-classification, masked-lm, image-classification, question-answering.")] = None,
     num_labels: Annotated[Optional[int], typer.Option(help="Number of labels of a new classification head.")] = None,
     positions: PositionsConfig = None,
     sliding: SlidingWindowConfig = None,

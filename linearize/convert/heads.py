@@ -34,7 +34,7 @@ HEADS = (
     Head(None, "ForImageClassificationWithTeacher", None, None, "image-classification", "Image Classification"),
     Head("image-classification", "ForImageClassification", "AutoModelForImageClassification",
          "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image-classification", "Image Classification"),
-    Head(None, "ForQuestionAnswering", "AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+    Head("question-answering", "ForQuestionAnswering", "AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
          "question-answering", "Question Answering"),
     Head(None, "ForMaskedImageModeling", "AutoModelForMaskedImageModeling",
          "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES", None, None),
