@@ -70,7 +70,7 @@ def test_the_cli_meets_the_others_and_leaves_its_process_group_before_exiting(tm
     monkeypatch.setattr(cli, "finish_without_teardown", lambda: calls.append("exit"))
     for code, expected in ((0, ["barrier", "exit"]), (1, [])):
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{code}'}", rank=0, world_size=1)
-        monkeypatch.setattr(cli, "app", lambda: sys.exit(code))
+        monkeypatch.setattr(cli, "app", lambda **kwargs: sys.exit(code))
         calls.clear()
         with pytest.raises(SystemExit):
             cli.main()
