@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from linearize.cli import app
 from linearize.convert import ConversionRecord
+from linearize.errors import LinearizeError
 from tiny_models import build
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def test_an_unreachable_hub_is_said_at_once_not_after_retries(tmp_path, monkeypa
     (not huggingface_hub's five retries), with the alias hint; a proxy or offline mode skips the probe."""
     from huggingface_hub import constants
 
-    from linearize.convert.loading import hub_unreachable
+    from linearize.hub import hub_unreachable
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
@@ -138,6 +139,28 @@ def test_an_unreachable_hub_is_said_at_once_not_after_retries(tmp_path, monkeypa
     monkeypatch.delenv("HTTPS_PROXY")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert hub_unreachable("nobody-xyz/no-such-model") is None
+
+
+def test_a_data_set_while_the_hub_is_unreachable_is_refused_at_once(monkeypatch):
+    """Offline mode inside the block when the endpoint refuses connections (a cached data set would load from the
+    cache), restored after it; a data set that is not cached is one line saying the Hub is unreachable."""
+    import datasets
+    from huggingface_hub import constants
+
+    from linearize.data.images import load_hub_dataset
+    from linearize.hub import offline_while_unreachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    with offline_while_unreachable() as reason:
+        assert "127.0.0.1:9" in reason and constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert not constants.HF_HUB_OFFLINE and not datasets.config.HF_HUB_OFFLINE
+    with pytest.raises(LinearizeError, match=r"the Hub is unreachable \(127.0.0.1:9.*not in the local cache"):
+        load_hub_dataset("nobody-xyz/no-such-data")
+    assert not constants.HF_HUB_OFFLINE and not datasets.config.HF_HUB_OFFLINE
 
 
 def test_the_version_is_printed():

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from ..errors import LinearizeError
+from ..hub import hub_unreachable
 from .record import ConversionRecord
 from .heads import check_head_fits, cli_heads
 
@@ -225,36 +226,6 @@ def check_reachable(name, resolved):
         raise LinearizeError(
             f"{name} is not a local folder and is not in the Hugging Face cache, and the Hub is unreachable "
             f"({unreachable}); {alias_hint(name)}check the id, or the network (offline: pass a local folder)")
-
-
-def hub_unreachable(repo_id, timeout=3.0):
-    """Why the Hub cannot serve ``repo_id`` now (a short reason), or None when it may: offline mode is
-    set (transformers then fails at once), ``repo_id``'s config is in the local cache, a proxy is set
-    (the Hub is reached through it, not probed), or a TCP connection to the endpoint opens within
-    ``timeout`` seconds. Without this check a mistyped id on an offline machine waits ~30 s through
-    huggingface_hub's five retries before its error."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE or any(os.environ.get(proxy) for proxy in (
-            "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    try:
-        if huggingface_hub.try_to_load_from_cache(repo_id, "config.json") is not None:
-            return None
-    except ValueError:  # not a valid repo id: transformers says so itself
-        return None
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-    except OSError as error:
-        return f"{url.hostname}:{port}: {error.strerror or error}"
-    return None
 
 
 # ---- saved converted folders ----------------------------------------------------------------------
