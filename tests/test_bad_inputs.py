@@ -126,6 +126,11 @@ def without_gpu(ws, out, monkeypatch):
         pytest.skip("a GPU is here: fp16 is allowed")
 
 
+def source_kept(ws, out):
+    config = ws / "tiny" / "config.json"
+    assert config.is_file() and '"linearize"' not in config.read_text(), "the source folder was replaced"
+
+
 def nothing_trained(ws, out):
     assert not (out / "teacher").exists() and not (out / "work").exists()
 
@@ -187,6 +192,12 @@ CASES = [
     ("unknown head", RUN + " --set head=sequence", 1, "unknown head 'sequence'; valid heads: base", None, None),
     ("layer out of range, before the teacher trains", RUN + " --layers 0,7", 1,
      "layers [0, 7]: 7 is out of range; give a non-empty list of distinct integers in 0..1", None, nothing_trained),
+    ("convert into its own source folder", "convert {ws}/tiny --out {ws}/tiny --overwrite", 1,
+     "--out {ws}/tiny is, holds or lies inside {ws}/tiny, which this command reads", None, source_kept),
+    ("distill into a folder inside its input", "distill {ws}/converted --task files --out {ws}/converted/s1", 1,
+     "--out {ws}/converted/s1 is, holds or lies inside {ws}/converted", None, None),
+    ("run into a folder that is not a run (a converted model)", "run {ws}/tiny.yaml --out {ws}/converted", 1,
+     "{ws}/converted is not a run folder (it holds config.json", None, None),
     ("a converted model as the source", RUN + " --model {ws}/converted", 1,
      "is already converted to linear attention (relu", None, nothing_trained),
     ("rerun with another recipe", RUN + " --method t2r", 1,

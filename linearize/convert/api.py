@@ -436,7 +436,7 @@ def convert_checkpoint(model_name, method="luna", out=None, *, layers=None, opti
     if num_labels is not None and num_labels < 1:
         raise LinearizeError(f"--num-labels {num_labels}: a head needs at least 1 output (2 or more classes; "
                              "1 for regression)")
-    out = prepare_output_dir(out, overwrite=overwrite)
+    out = prepare_output_dir(out, overwrite=overwrite, inputs=[resolve_model_name(model_name)])
     extra = {} if num_labels is None else {"num_labels": int(num_labels)}
     model = load_source_model(model_name, allow_pickle=allow_pickle, head=head, **extra)
     if num_labels is not None and not _has_labels_head(model):

@@ -145,6 +145,7 @@ def start_run(config, out_dir, *, overwrite, progress, log, report_to="none"):
     # the run keeps (and compares with its folder) the options its own method is converted with
     config = dataclasses.replace(config, options=options_for(config.method, config.options))
     out_dir = check_output_path(out_dir)
+    check_run_folder(out_dir, overwrite)
     on_main_process(_make_run_folder, out_dir, overwrite)
     state = RunState(out_dir, config)
     set_seed(config.seed)
@@ -158,6 +159,19 @@ def start_run(config, out_dir, *, overwrite, progress, log, report_to="none"):
     report_split = "test" if "test" in task.data and len(task.data["test"]) else "validation"
     eval_loaders = task.loaders(config.eval.batch_size, config.seed)
     return RunContext(config, out_dir, state, task, eval_loaders, report_split, progress, log, started, report_to)
+
+
+def check_run_folder(out_dir, overwrite):
+    """A one-line ``LinearizeError`` when ``out_dir`` holds something other than a run (a converted model, a
+    user's files): a run would write its stages beside them, and a later ``--teacher-from`` would take the
+    mixture for a run. A run folder has ``state.json`` once a stage finished; before that only ``work/``."""
+    if overwrite or not out_dir.is_dir() or (out_dir / "state.json").is_file():
+        return
+    others = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".") and p.name != "work")
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise LinearizeError(f"{out_dir} is not a run folder (it holds {shown} and no state.json); choose another "
+                             "--out, or pass --overwrite to replace it")
 
 
 def _make_run_folder(out_dir, overwrite):
