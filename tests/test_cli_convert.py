@@ -134,6 +134,10 @@ def test_an_unreachable_hub_is_said_at_once_not_after_retries(tmp_path, monkeypa
     flat = " ".join(text.split())
     assert code == 1 and "the Hub is unreachable (127.0.0.1:9" in flat and "did you mean minilm?" in flat, text
     assert text.count("\n") <= 3 and not (tmp_path / "o").exists()
+    code, text = invoke("convert", "bert-base", "--out", tmp_path / "o")  # an alias, not cached: said as one
+    assert code == 1 and "bert-base is the alias of google-bert/bert-base-uncased" in " ".join(text.split()), text
+    code, text = invoke("convert", "MiniLM", "--out", tmp_path / "o")  # case aside
+    assert code == 1 and "did you mean minilm?" in " ".join(text.split()), text
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     assert hub_unreachable("nobody-xyz/no-such-model") is None  # reached through the proxy: not probed
     monkeypatch.delenv("HTTPS_PROXY")
@@ -194,4 +198,9 @@ def test_info_on_a_folder_that_is_not_converted(tiny_bert, tmp_path):
     code, text = invoke("info", tiny_bert)
     assert code == 1 and "not a linearize-converted model" in text
     code, text = invoke("info", tmp_path / "nothing")
+    assert code == 1 and "nothing does not exist; pass a converted model folder" in text
+    (tmp_path / "empty").mkdir()
+    code, text = invoke("info", tmp_path / "empty")
     assert code == 1 and "has no config.json" in text
+    code, text = invoke("info", tiny_bert / "config.json")
+    assert code == 1 and "config.json is a file; pass the converted model folder that holds it" in text

@@ -42,14 +42,14 @@ def run_cli(*args, code="from linearize.cli import main; main()", debug=False):
 def test_a_user_error_is_one_line_with_exit_1(tmp_path):
     code, lines = run_cli("info", str(tmp_path / "missing"))
     assert code == 1
-    assert len(lines) == 1 and lines[0].startswith("error:") and "has no config.json" in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("error:") and "missing does not exist" in lines[0], lines
 
 
 def test_linearize_debug_shows_the_traceback_of_a_user_error(tmp_path):
     code, lines = run_cli("info", str(tmp_path / "missing"), debug=True)
     assert code == 1
     assert lines[0] == "Traceback (most recent call last):", lines
-    assert lines[-1].startswith("linearize.errors.LinearizeError:") and "has no config.json" in lines[-1]
+    assert lines[-1].startswith("linearize.errors.LinearizeError:") and "missing does not exist" in lines[-1]
 
 
 def test_an_unexpected_exception_keeps_its_traceback():

@@ -97,14 +97,14 @@ def test_every_help_screen_answers_without_torch():
 ARGUMENT_ERRORS = [
     (["convert", "{tmp}/nope", "--out", "{tmp}/out"], 1, "{tmp}/nope is neither a model folder nor a Hub id"),
     (["convert", "{tmp}", "--out", "{tmp}/out", "--layers", "abc"], 1, "--layers 'abc' is not a comma-separated"),
-    (["info", "{tmp}/nope"], 1, "{tmp}/nope has no config.json"),
+    (["info", "{tmp}/nope"], 1, "{tmp}/nope does not exist; pass a converted model folder"),
     (["info"], 1, "give a converted model folder"),
-    (["export", "{tmp}/nope"], 1, "has no config.json"),
+    (["export", "{tmp}/nope"], 1, "{tmp}/nope does not exist"),
     (["report", "{tmp}/nope"], 1, "{tmp}/nope does not exist"),
     (["push", "{tmp}/nope", "--repo-id", "me/model", "--dry-run"], 1, "{tmp}/nope does not exist"),
     (["push", "{tmp}", "--repo-id", "me/model", "--dry-run"], 1, "{tmp} is not a converted model folder (no "
                                                                  "config.json) nor a run folder"),
-    (["bench", "folder", "{tmp}/nope"], 1, "{tmp}/nope has no config.json"),
+    (["bench", "folder", "{tmp}/nope"], 1, "{tmp}/nope does not exist"),
     (["bench", "folder", "{tmp}"], 1, "{tmp} has no config.json: it is not a saved model folder"),
     (["convert", "minilm", "--out", "{tmp}/out", "--method", "lunaa"], 1,
      "unknown method 'lunaa'; valid methods: luna, hedgehog"),

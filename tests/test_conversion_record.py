@@ -88,6 +88,10 @@ def test_blocks_it_cannot_read_are_refused_in_one_line():
         ConversionRecord.from_block({"layers": [0]})
     with pytest.raises(LinearizeError, match="not an object"):
         ConversionRecord.from_block(["luna"])
+    for damaged in ({**stored, "_version": "abc"}, {**stored, "_data": {**stored["_data"], "layers": ["x"]}},
+                    {**stored, "_data": {**stored["_data"], "hybrid_layers": [None]}}):
+        with pytest.raises(LinearizeError, match="'linearize' block is malformed .*; re-convert"):
+            ConversionRecord.from_block(damaged)
 
 
 def test_a_converted_model_carries_its_record(tmp_path):

@@ -134,7 +134,7 @@ def test_not_a_converted_folder(tmp_path):
     assert code == 1 and "is not a linearize-converted model" in text and "linearize convert" in text
     assert len(text.splitlines()) == 1
     code, text = invoke(tmp_path / "missing")
-    assert code == 1 and "has no config.json" in text
+    assert code == 1 and "missing does not exist" in text
 
 
 def test_unknown_format_and_a_folder_as_out(tmp_path):

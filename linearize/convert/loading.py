@@ -43,11 +43,17 @@ def minilm_path():
 
 
 def alias_hint(name):
-    """``"did you mean minilm? "`` when ``name`` (not found) is close to an alias, else ``""``."""
+    """What to say of ``name`` (not found) and the aliases: ``"bert-base is the alias of
+    google-bert/bert-base-uncased; "`` for an alias itself, ``"did you mean minilm? "`` when it is close
+    to one (case aside), else ``""``."""
     import difflib
 
-    close = difflib.get_close_matches(str(name), list(ALIASES), n=1, cutoff=0.75)
-    return f"did you mean {close[0]}? " if close else ""
+    name = str(name)
+    if name in ALIASES:
+        return f"{name} is the alias of {ALIASES[name]}; "
+    lowered = {alias.lower(): alias for alias in ALIASES}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
+    return f"did you mean {lowered[close[0]]}? " if close else ""
 
 
 def resolve_model_name(name):
@@ -235,6 +241,10 @@ def read_conversion_record(directory):
     LinearizeError saying why not."""
     path = Path(directory) / "config.json"
     if not path.is_file():
+        if not Path(directory).exists():
+            raise LinearizeError(f"{directory} does not exist; pass a converted model folder")
+        if not Path(directory).is_dir():
+            raise LinearizeError(f"{directory} is a file; pass the converted model folder that holds it")
         raise LinearizeError(f"{directory} has no config.json: it is not a saved model folder")
     try:
         data = json.loads(path.read_text())

@@ -95,7 +95,16 @@ class ConversionRecord:
 
         Keys the record does not know (version 1's ``format_version``) are ignored; a block of another
         type, of a newer version or without a method is refused in one line."""
-        data = _record_data(stored)
+        try:
+            return cls._from_data(_record_data(stored))
+        except LinearizeError:
+            raise
+        except (TypeError, ValueError) as error:  # a hand-edited or damaged block: a value of the wrong type
+            raise LinearizeError(f"config.json's 'linearize' block is malformed ({error}); re-convert the model "
+                                 "with `linearize convert`") from None
+
+    @classmethod
+    def _from_data(cls, data):
         known = {item.name for item in dataclasses.fields(cls)}
         data = {LEGACY_KEYS.get(key, key): value for key, value in data.items()}
         data = {key: value for key, value in data.items() if key in known}

@@ -91,6 +91,7 @@ def run(config, out_dir, *, overwrite=False, progress=True, log=print, teacher_f
     ``report_to``: experiment trackers for every training stage (``linearize.trackers``).
     """
     check_report_to(report_to)  # before the teacher trains
+    check_teacher_from(teacher_from, out_dir)  # before the data loads
     ctx = start_run(config, out_dir, overwrite=overwrite, progress=progress, log=log, report_to=report_to)
     if stage1_from is not None and not ctx.state.done("stage1"):
         share_stage1(ctx, stage1_from)
@@ -181,6 +182,18 @@ def _make_run_folder(out_dir, overwrite):
     if overwrite and out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def check_teacher_from(teacher_from, out_dir):
+    """A one-line ``LinearizeError`` when ``teacher_from`` names no run folder with a finished teacher and this
+    run (``out_dir``) has none of its own yet; the recipe match is checked when it is shared (:func:`share_teacher`)."""
+    if teacher_from is None or RunState(out_dir, None).done("teacher"):
+        return
+    if not Path(teacher_from).is_dir():
+        raise LinearizeError(f"--teacher-from {teacher_from} does not exist; pass a run folder whose teacher finished")
+    if not RunState(teacher_from, None).done("teacher"):
+        raise LinearizeError(f"{teacher_from} has no finished teacher to share (no state.json recording one); pass "
+                             "a run folder whose teacher finished, or drop --teacher-from")
 
 
 def share_teacher(ctx, teacher_from):
