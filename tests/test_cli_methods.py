@@ -15,6 +15,14 @@ def test_methods_table_lists_every_method_with_parameter_counts():
     assert "912" in result.output
 
 
+def test_methods_shows_the_options_it_was_given_and_the_defaults_as_typed():
+    result = runner.invoke(app, ["methods", "--head-dim", "32", "--num-heads", "12", "-o", "projections=4"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "options (with -o)" in text and "projections=4," in text and "projections=8" not in text
+    assert "shared_mlp=true" in text and "feature_dim=auto" in text and "True" not in text and "None" not in text
+
+
 def test_methods_rejects_bad_options_in_one_line():
     result = runner.invoke(app, ["methods", "--option", "bogus=1"])
     assert result.exit_code == 1

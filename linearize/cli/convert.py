@@ -37,7 +37,8 @@ def methods_command(
     if unknown:
         raise LinearizeError(f"unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(every_option))}")
     table = Table(title=f"linearize methods (head_dim={head_dim}, num_heads={num_heads})")
-    for column in ("method", "paper", "feature dim", "learned params / layer", "options (defaults)"):
+    options_column = "options (with -o)" if options else "options (defaults)"
+    for column in ("method", "paper", "feature dim", "learned params / layer", options_column):
         table.add_column(column, overflow="fold")
     for name in methods():
         mine = {k: v for k, v in options.items() if k in method_options(name)}
@@ -45,7 +46,7 @@ def methods_command(
         fm = meta_feature_map(name, head_dim, num_heads, mine)
         check_feature_map_memory(name, map_bytes(fm, 4), 1, mine)
         feature_dim = "exact" if fm.exact_softmax else str(fm.feature_dim)
-        opts = ", ".join(f"{k}={option_text(v)}" for k, v in method_options(name).items())
+        opts = ", ".join(f"{k}={option_text(v)}" for k, v in {**method_options(name), **mine}.items())
         table.add_row(name, fm.paper, feature_dim, f"{fm.num_learnable_parameters():,}", opts or "-")
     console.print(table)
 

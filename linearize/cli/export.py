@@ -29,7 +29,7 @@ def export_command(
     Inputs: input_ids, attention_mask (and token_type_ids where the model has them), or pixel_values;
     output: the model's first output (logits or last_hidden_state). Batch and sequence length are dynamic.
 
-    Example: linearize export runs/minilm-luna/model --format onnx --out minilm-luna.onnx
+    Example: linearize export runs/minilm-luna --format onnx --out minilm-luna.onnx
     """
     from ..convert.loading import converted_folder
 

@@ -17,7 +17,7 @@ def report_command(
 ):
     """Re-render a run's report.md and figures/ from its report.json (nothing is re-run).
 
-    Example: linearize report runs/minilm-luna
+    Example: linearize report runs/minilm-moviereviews-luna
     """
     from ..report import render_report
 
