@@ -52,6 +52,8 @@ MODEL_PATTERNS = (
     "vocab.txt", "vocab.json", "merges.txt", "*.model", "spm.*",
     "preprocessor_config.json", "processor_config.json", "image_processor_config.json",
     "feature_extractor_config.json", "video_preprocessor_config.json",
+    # an ONNX export (`linearize export`): beside the model, or in onnx/ (sentence-transformers' ONNX backend)
+    "*.onnx", "*.onnx_data", "*.onnx.data",
 )
 HOW_TO_LOG_IN = "run `hf auth login`, set HF_TOKEN, or pass --token"
 
@@ -127,8 +129,10 @@ def model_files(model_dir):
     """``{path in repo: local file}`` of the model folder's files to upload (or a LinearizeError
     naming what is missing)."""
     model_dir = Path(model_dir)
-    files = {p.name: p for p in sorted(model_dir.iterdir())
-             if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_PATTERNS)}
+    files = {str(p.relative_to(model_dir)): p for folder in (model_dir, model_dir / "onnx") if folder.is_dir()
+             for p in sorted(folder.iterdir())
+             if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_PATTERNS)
+             and (folder == model_dir or ".onnx" in p.name)}
     _, record = read_conversion_record(model_dir)
     timm = record.is_timm
     # a sentence-transformers model's own files (modules.json, 1_Pooling/config.json, ...)

@@ -283,6 +283,24 @@ def test_no_report_pushes_the_model_alone(made, hub, tmp_path):
     assert "model-index" not in meta and meta["pipeline_tag"] == "text-classification"
 
 
+def test_an_onnx_export_in_the_folder_is_pushed_with_it(made, hub, tmp_path):
+    """`linearize export` writes onnx/model.onnx (sentence-transformers' layout) or model.onnx in the model folder:
+    both go up with the model; other files in onnx/ do not."""
+    model_dir = tmp_path / "model"
+    for name in ("config.json", "model.safetensors", "modeling_linearize.py"):
+        (model_dir / name).parent.mkdir(exist_ok=True)
+        (model_dir / name).write_bytes((made.model_dir / name).read_bytes())
+    (model_dir / "onnx").mkdir()
+    (model_dir / "onnx" / "model.onnx").write_bytes(b"onnx graph")
+    (model_dir / "onnx" / "notes.txt").write_text("mine")
+    (model_dir / "model.onnx").write_bytes(b"onnx graph")
+    code, text = invoke(model_dir, "--repo-id", REPO, "--no-report")
+    assert code == 0, text
+    uploaded = tree(hub.repo_folder(REPO))
+    assert uploaded["onnx/model.onnx"] == b"onnx graph" and uploaded["model.onnx"] == b"onnx graph"
+    assert "onnx/notes.txt" not in uploaded
+
+
 # ---- bad input: one line, exit 1, nothing reported as pushed ---------------------------------------
 
 def assert_refused(code, text, *needles, token=None):
