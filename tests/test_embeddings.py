@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import linearize
 from linearize.cli import app
+from linearize.convert import ConversionRecord
 from linearize.convert.api import convert_checkpoint, load_processor
 from linearize.embeddings import (Pooling, distillation_loss, embed, folder_pooling, pool, pooling_from_files,
                                   similarity_distillation_loss)
@@ -127,6 +128,17 @@ def test_a_plain_transformers_source_gets_no_sentence_transformers_files(tmp_pat
     convert_checkpoint(str(source), "hedgehog", tmp_path / "out")
     assert not (tmp_path / "out" / "modules.json").exists()
     assert folder_pooling(tmp_path / "out") == Pooling()  # mean pooling, normalised: the task's default
+
+
+def test_a_task_head_on_a_sentence_transformers_source_makes_a_classifier_without_its_modules(tiny_st, tmp_path):
+    """``--head sequence-classification`` on a sentence-transformers encoder: a classifier, so neither its pooling
+    modules nor an embedding model card's snippet come along."""
+    convert_checkpoint(str(tiny_st), "hedgehog", tmp_path / "out", head="sequence-classification", num_labels=2)
+    assert not (tmp_path / "out" / "modules.json").exists() and not (tmp_path / "out" / "1_Pooling").exists()
+    assert ConversionRecord.from_config(json.loads((tmp_path / "out" / "config.json").read_text())
+                                        ).sentence_transformers_files is None
+    convert_checkpoint(str(tiny_st), "hedgehog", tmp_path / "encoder")  # the encoder itself keeps them
+    assert (tmp_path / "encoder" / "modules.json").is_file()
 
 
 def test_real_minilm_round_trips_through_sentence_transformers(minilm_path, tmp_path):

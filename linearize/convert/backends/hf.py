@@ -66,11 +66,15 @@ class HFBackend:
         return hf_attention.sliding_window_layers(model)
 
     def record(self, model, source):
+        from ..heads import head_for_class
+
         source = source or getattr(model.config, "_name_or_path", None) or None
-        # a sentence-transformers model keeps its modules
+        # a sentence-transformers model keeps its modules, as the encoder it is: a task head put on it
+        # (--head sequence-classification) makes a classifier, which its pooling would not serve
+        encoder = head_for_class(type(model).__name__) is None
         return {"source": source, "base_model_type": model.config.model_type, "architecture": type(model).__name__,
                 "previous_attn_implementation": model.config._attn_implementation,
-                "sentence_transformers_files": sentence_transformers.read_files(source) or None}
+                "sentence_transformers_files": (sentence_transformers.read_files(source) if encoder else None) or None}
 
     def attach(self, model, method, layers, options, hybrid=None):
         _own_config(model)
