@@ -63,6 +63,11 @@ def _one_of(*names):
     return lambda value: value in names, " | ".join(names)
 
 
+def _distinct_within(parts, names):
+    """Every part one of ``names``, none twice (``--sinks first,first`` would say one thing twice)."""
+    return set(parts) <= names and len(set(parts)) == len(parts)
+
+
 POSITIVE, NON_NEGATIVE, COUNT = _above(0, "> 0"), _at_least(0, ">= 0"), _at_least(1, ">= 1")
 
 #: The range of every numeric or named setting, by field name (a name means the same thing in
@@ -89,8 +94,8 @@ LIMITS = {
     "repeats": COUNT, "warmup": NON_NEGATIVE, "threads": COUNT, "dtype": _one_of("fp32", "bf16", "fp16"),
     "clock": _one_of("wall", "cpu"), "processes": NON_NEGATIVE, "window": NON_NEGATIVE, "gamma": POSITIVE,
     "compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "sinks": (lambda value: set(value.replace(" ", "").replace("+", ",").split(",")) <= {"none", "first", "last"},
-              "none, first, last or first,last"),
+    "sinks": (lambda value: _distinct_within(value.replace(" ", "").replace("+", ",").split(","),
+                                             {"none", "first", "last"}), "none, first, last or first,last (each once)"),
     "layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,
                "a non-empty list of distinct layer indices (0 or more), or null for every layer"),
     "hybrid_layers": (lambda value: len(value) > 0 and len(set(value)) == len(value) and min(value) >= 0,

@@ -971,6 +971,7 @@ def test_cli_hybrid_layers_comma_separated_or_repeated(tmp_path):
 @pytest.mark.parametrize("args,fragment", [
     ("--window 4 --sinks middle", "middle"),
     ("--sinks first,middle", "middle"),
+    ("--sinks first,first", "each once"),
     ("--window -1", "window"),
     ("--window 4 --gamma 0", "gamma"),
 ])

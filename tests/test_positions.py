@@ -100,6 +100,7 @@ def test_tile_and_interpolate_on_a_table():
                                                          f"positions, beyond what interpolation supports"),
     (64, "spline", "unknown position_init 'spline'; valid: tile, interpolate"),
     (None, "interpolate", "position_init='interpolate' needs max_length"),
+    (ROWS, "interpolate", "position_init='interpolate' has nothing to do: max_length 32 is the model's own 32"),
 ])
 def test_bad_lengths_are_one_line_errors(max_length, position_init, message):
     model = short_model("bert")

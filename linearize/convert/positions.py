@@ -143,6 +143,9 @@ def check_max_length(model, max_length, position_init=None):
     if max_length < current:
         raise LinearizeError(f"max_length {max_length!r} is shorter than the model's {current} positions: pass an "
                              f"integer N ≥ {current}")
+    if max_length == current and position_init != default:  # a setting that cannot take effect
+        raise LinearizeError(f"position_init={position_init!r} has nothing to do: max_length {max_length} is the "
+                             f"model's own {current} positions; pass a longer max_length, or leave position_init out")
     if position_init == "interpolate" and max_length > INTERPOLATION_MAX_FACTOR * current:
         raise LinearizeError(f"max_length {max_length} is more than {INTERPOLATION_MAX_FACTOR}× the model's "
                              f"{current} positions, beyond what interpolation supports: pass N ≤ "
