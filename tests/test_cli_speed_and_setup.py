@@ -298,6 +298,8 @@ def test_info_env_lists_the_versions_and_warns_when_transformers_differs(monkeyp
     assert "5.99.0 (differs)" in output
     assert (f"warning: transformers 5.99.0 is installed, but linearize was tested with {tested.TESTED['transformers']}"
             ": linearize relies on its attention and mask interfaces") in output
+    result = CliRunner().invoke(app, ["info", "--env", "true"])  # a flag given a value: "true" is the folder
+    assert result.exit_code == 1 and result.output.startswith("error: true does not exist"), result.output
     assert f"pip install transformers=={tested.TESTED['transformers']}" in output
 
 

@@ -119,6 +119,8 @@ def info_command(
     """
     from ..convert.loading import read_conversion_record
 
+    if directory is not None:  # not a converted folder: one line before torch loads (and before --env's table)
+        read_conversion_record(directory)
     if env:
         print_environment()
     if directory is None:
@@ -126,7 +128,6 @@ def info_command(
             return
         raise LinearizeError("give a converted model folder (linearize info DIR), or --env for the installed "
                              "versions")
-    read_conversion_record(directory)  # not a converted folder: one line before torch loads
     from ..bench import folder_speed_lines, read_folder_bench
     from ..convert import summary
 
