@@ -272,8 +272,9 @@ class HybridConfig(Config):
               "(docs/experiments/hybrid: Hedgehog 0.1, T2R 0.03, DARKFormer 10; 0.1 for a method not measured yet).")
     hybrid_layers: list[int] | None = setting(
         None, "The converted layers that get the window and the sinks (--hybrid-layers 1,2, or the option "
-              "repeated: --hybrid-layers 1 --hybrid-layers 2); the other converted layers are pure linear attention. Default: every converted "
-              "layer. Each hybrid layer costs more than a linear one (docs/experiments/hybrid, 'Which layers').")
+              "repeated: --hybrid-layers 1 --hybrid-layers 2); the other converted layers are pure linear "
+              "attention. Default: every converted layer. Each hybrid layer costs more than a linear one "
+              "(docs/experiments/hybrid, 'Which layers').")
 
 
 @dataclass

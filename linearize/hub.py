@@ -35,6 +35,14 @@ def hub_unreachable(repo_id=None, timeout=3.0):
     return None
 
 
+def failure_reason(error, unreachable):
+    """The one-line reason a Hub load failed: the Hub unreachable (``unreachable``, what
+    :func:`offline_while_unreachable` yielded) and the data not cached, or the first line of ``error``."""
+    if unreachable is not None:
+        return f"the Hub is unreachable ({unreachable}) and the data set is not in the local cache"
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 @contextlib.contextmanager
 def offline_while_unreachable():
     """``datasets`` and ``huggingface_hub`` in offline mode inside the block when the Hub is unreachable

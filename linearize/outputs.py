@@ -288,17 +288,17 @@ def prepare_output_dir(path, overwrite=False, how="--overwrite", inputs=()):
     argument that replaces it), a path a folder cannot be made or written at, the current folder (an
     output folder is written beside its destination and renamed into place, which cannot replace the
     folder one is in), and a folder that is, holds or lies inside one of ``inputs`` (the folders the
-    command reads: ``--overwrite`` would replace its own source)."""
+    command reads, None for one not given: ``--overwrite`` would replace its own source)."""
     from .errors import LinearizeError
 
     path = check_output_path(path)
     if path.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise LinearizeError(f"--out {path} is the folder you are in (or holds it): the output is written whole "
                              "and renamed into place, which cannot replace it; name a new folder, e.g. --out model")
-    for source in inputs:
-        source = Path(source).expanduser()
-        if source.is_dir() and (path.resolve() == source.resolve() or source.resolve() in path.resolve().parents
-                                or path.resolve() in source.resolve().parents):
+    resolved = path.resolve()
+    for source in (Path(given).expanduser() for given in inputs if given is not None):
+        if source.is_dir() and (resolved == source.resolve() or source.resolve() in resolved.parents
+                                or resolved in source.resolve().parents):
             raise LinearizeError(f"--out {path} is, holds or lies inside {source}, which this command reads: writing "
                                  "it would replace its own input; choose an --out beside it")
     if path.is_dir() and any(path.iterdir()) and not overwrite:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from linearize.cli import app
 from linearize.convert import ConversionRecord
 from linearize.errors import LinearizeError
+from linearize.hub import PROXIES
 from tiny_models import build
 
 runner = CliRunner()
@@ -127,7 +128,7 @@ def test_an_unreachable_hub_is_said_at_once_not_after_retries(tmp_path, monkeypa
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for proxy in PROXIES:
         monkeypatch.delenv(proxy, raising=False)
     assert "127.0.0.1:9" in hub_unreachable("nobody-xyz/no-such-model")
     code, text = invoke("convert", "minlm", "--out", tmp_path / "o")
@@ -157,7 +158,7 @@ def test_a_data_set_while_the_hub_is_unreachable_is_refused_at_once(monkeypatch)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for proxy in PROXIES:
         monkeypatch.delenv(proxy, raising=False)
     with offline_while_unreachable() as reason:
         assert "127.0.0.1:9" in reason and constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE

@@ -965,7 +965,8 @@ def test_cli_hybrid_layers_comma_separated_or_repeated(tmp_path):
     wrong = runner.invoke(app, ["convert", str(tmp_path / "tiny"), "--out", str(tmp_path / "x"), "--method",
                                 "hedgehog", "--window", "4", "--hybrid-layers", "1,x"])
     assert wrong.exit_code == 1 and wrong.output.count("\n") == 1, wrong.output
-    assert "--hybrid-layers '1,x' is not a list of integers" in wrong.output and not (tmp_path / "x").exists()
+    assert "--hybrid-layers '1,x' is not a comma-separated list of integers (example: 1,2)" in wrong.output
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("args,fragment", [

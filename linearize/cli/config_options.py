@@ -31,15 +31,10 @@ def _is_int_list(kind):
 
 def _int_list(name, given):
     """A list option's values, each an integer or a comma-separated list (``--x 1 --x 2`` or ``--x 1,2``),
-    as one list; anything else is one line naming the option."""
-    from ..errors import LinearizeError
+    as one list; anything else is one line naming the option (:func:`~linearize.cli.common.int_list`)."""
+    from .common import int_list
 
-    option = "--" + name.replace("_", "-")
-    try:
-        return [int(part) for text in given for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LinearizeError(f"{option} {' '.join(given)!r} is not a list of integers (example: {option} 1,2 or "
-                             f"{option} 1 {option} 2)") from None
+    return int_list(",".join(given), "--" + name.replace("_", "-"), "integers", "1,2")
 
 
 def config_options(config_class, *, include=None, exclude=(), unset_is_none=False,

@@ -94,7 +94,8 @@ def eval_text(
 def eval_image(
     model: ModelArg,
     dataset: Annotated[Optional[str], typer.Option(
-        "--dataset", help="fashion-mnist, imagefolder or a Hub data set id (default with --data-dir: imagefolder).")] = None,
+        "--dataset", help="fashion-mnist, imagefolder or a Hub data set id (default with --data-dir: "
+                          "imagefolder).")] = None,
     batch_size: BatchOpt = 128,
     json_path: JsonOpt = None,
     threads: ThreadsOpt = None,

@@ -138,16 +138,14 @@ def load_glue(task, data_dir=None, cache_dir=None):
 def _load_glue_hub(task: GlueTask, cache_dir=None):
     import datasets
 
-    from ..hub import offline_while_unreachable
+    from ..hub import failure_reason, offline_while_unreachable
 
     unreachable = None
     try:
         with offline_while_unreachable() as unreachable:  # a cached copy at once; else fail at once
             raw = datasets.load_dataset(HUB_ID, task.name, cache_dir=cache_dir)
     except Exception as error:  # the Hub's failures come as many types (ConnectionError, HfHubHTTPError, ...)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if unreachable is not None:
-            reason = f"the Hub is unreachable ({unreachable}) and the data set is not in the local cache"
+        reason = failure_reason(error, unreachable)
         raise LinearizeError(
             f"could not load GLUE {task.name} from the Hugging Face Hub ({HUB_ID}): {reason}. If the Hub is "
             f"unreachable, pass --data-dir with GLUE's own layout ({task.folder}/{task.files[0][1]}, "

@@ -164,16 +164,14 @@ def load_hub_dataset(name, config=None, cache_dir=None):
     """``datasets.load_dataset(name, config)`` with its failures turned into one-line errors."""
     import datasets
 
-    from ..hub import offline_while_unreachable
+    from ..hub import failure_reason, offline_while_unreachable
 
     unreachable = None
     try:
         with offline_while_unreachable() as unreachable:  # a cached copy at once; else fail at once
             data = datasets.load_dataset(name, config, cache_dir=cache_dir)
     except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if unreachable is not None:
-            reason = f"the Hub is unreachable ({unreachable}) and the data set is not in the local cache"
+        reason = failure_reason(error, unreachable)
         raise LinearizeError(f"could not load data set {name!r} from the Hugging Face Hub: {reason}. Check the "
                              "name, or use local files (--data-dir / --train-file) if the Hub is unreachable"
                              ) from error

@@ -202,7 +202,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
         raise LinearizeError(f"kd_weight {config.kd_weight:g} distils toward a softmax teacher's outputs, and none is "
                              "given: pass --teacher (the softmax model the student was converted from), or drop "
                              "--kd-weight")
-    out = prepare_output_dir(out, overwrite=overwrite, inputs=[model, *([teacher] if teacher is not None else [])])
+    out = prepare_output_dir(out, overwrite=overwrite, inputs=[model, teacher])
     task_data, net, converted = _stage_inputs(run_config, head)
     if teacher is not None:
         check_teacher(teacher, task_data.spec, config)

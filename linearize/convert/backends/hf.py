@@ -72,9 +72,10 @@ class HFBackend:
         # a sentence-transformers model keeps its modules, as the encoder it is: a task head put on it
         # (--head sequence-classification) makes a classifier, which its pooling would not serve
         encoder = head_for_class(type(model).__name__) is None
+        files = sentence_transformers.read_files(source) if encoder else None
         return {"source": source, "base_model_type": model.config.model_type, "architecture": type(model).__name__,
                 "previous_attn_implementation": model.config._attn_implementation,
-                "sentence_transformers_files": (sentence_transformers.read_files(source) if encoder else None) or None}
+                "sentence_transformers_files": files or None}
 
     def attach(self, model, method, layers, options, hybrid=None):
         _own_config(model)
