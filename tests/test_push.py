@@ -267,6 +267,24 @@ def test_dry_run_uploads_nothing_and_needs_no_token(made, hub, monkeypatch):
         assert name in text
 
 
+
+@pytest.mark.parametrize("revision", ["my branch", "a..b", ".hidden", "v1.lock", "dev/", "x:y", ""])
+def test_a_revision_git_refuses_is_refused_before_anything_even_in_a_dry_run(made, hub, revision):
+    for dry_run in (["--dry-run"], []):
+        code, text = invoke(made.run, "--repo-id", REPO, "--revision", revision, *dry_run)
+        assert_refused(code, text, f"--revision {revision!r} is not a valid branch name", token=hub.token)
+    assert hub.requests == [] and hub.commits == []
+
+
+@pytest.mark.parametrize("endpoint", ["huggingface.co", "ftp://hub.example", "http://"])
+def test_an_hf_endpoint_that_is_no_http_address_is_refused_even_in_a_dry_run(made, hub, monkeypatch, endpoint):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    for dry_run in (["--dry-run"], []):
+        code, text = invoke(made.run, "--repo-id", REPO, *dry_run)
+        assert_refused(code, text, f"HF_ENDPOINT {endpoint!r} is not an http(s) address", token=hub.token)
+    assert hub.requests == []
+
+
 def test_no_report_pushes_the_model_alone(made, hub, tmp_path):
     model_dir = tmp_path / "model"
     for name in ("config.json", "model.safetensors", "modeling_linearize.py"):

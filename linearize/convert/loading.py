@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import LinearizeError
 from ..hub import hub_unreachable
+from ..attention.feature_maps import methods
 from .record import ConversionRecord
 from .heads import check_head_fits, cli_heads
 
@@ -253,7 +254,9 @@ def read_conversion_record(directory):
     if not isinstance(data, dict) or not data.get("linearize"):
         raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
                              "block); convert it first with `linearize convert`")
-    return data, ConversionRecord.from_block(data["linearize"])
+    record = ConversionRecord.from_block(data["linearize"])
+    record.check_method(methods())
+    return data, record
 
 
 def converted_folder(path):

@@ -119,6 +119,14 @@ class ConversionRecord:
             data["hybrid_layers"] = tuple(int(index) for index in data["hybrid_layers"])
         return cls(**data)
 
+    def check_method(self, known):
+        """The recorded method must be one of ``known`` (this code's methods): a block naming another (a newer
+        linearize's method, or a hand edit) is refused in one line, before any layer is built."""
+        if self.method not in known:
+            raise LinearizeError(f"config.json's 'linearize' block names method {self.method!r}, which this code does "
+                                 f"not have (it has {', '.join(known)}); upgrade linearize, or re-convert the model "
+                                 "with `linearize convert`")
+
     @property
     def hybrid(self):
         """The hybrid settings ``{window, sinks, gamma, hybrid_layers}`` (``FeatureMap.make_hybrid`` takes the

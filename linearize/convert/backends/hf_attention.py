@@ -35,7 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..record import ConversionRecord
 from ...attention.core import is_tracing
-from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options
+from ...attention.feature_maps import create_feature_map, get_feature_map_class, method_options, methods
 from ...attention.windowed import windowed_attention_weights, windowed_linear_attention, windowed_softmax_attention
 from ...errors import LinearizeError
 
@@ -243,6 +243,7 @@ def apply_linearize_config(model, block):
     """Rebuild a converted model's attention from its config's ``linearize`` block, of any version
     (:class:`ConversionRecord`; used by remote code)."""
     record = ConversionRecord.from_block(block)
+    record.check_method(methods())
     register_attention_backend()
     head_dim, num_heads = head_geometry(model.config)
     attach_feature_maps(attention_modules(model), record.method, set(record.layers), record.options, head_dim,
