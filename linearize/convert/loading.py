@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ..errors import LinearizeError
 from ..hub import hub_unreachable
-from ..attention.feature_maps import methods
 from .record import ConversionRecord
 from .heads import check_head_fits, cli_heads
 
@@ -255,6 +254,8 @@ def read_conversion_record(directory):
         raise LinearizeError(f"{directory} is not a linearize-converted model (config.json has no 'linearize' "
                              "block); convert it first with `linearize convert`")
     record = ConversionRecord.from_block(data["linearize"])
+    from ..attention.feature_maps import methods  # loads torch: after the path and the block are checked
+
     record.check_method(methods())
     return data, record
 
