@@ -137,6 +137,22 @@ def test_eval_json_under_proc_is_one_line_before_the_evaluation(ws, monkeypatch)
     one_error(code, lines, "cannot write --json /proc/x.json: /proc does not accept new files")
 
 
+def test_eval_of_a_checkpoint_without_the_tasks_trained_head_is_one_line(ws, tmp_path):
+    """A softmax checkpoint saved as the base model (all-MiniLM-L6-v2 is a BertModel) has no classifier: transformers
+    would start one at random and the scores would be noise, so the evaluation refuses; the classifier it came from
+    (a trained head in its checkpoint) is scored."""
+    import transformers
+
+    transformers.BertModel.from_pretrained(ws / "tiny").save_pretrained(tmp_path / "base")
+    transformers.AutoTokenizer.from_pretrained(ws / "tiny").save_pretrained(tmp_path / "base")
+    data = ["--task", "files", "--train-file", ws / "train.csv", "--batch-size", "8"]
+    code, lines = invoke("eval", "text", tmp_path / "base", *data)
+    one_error(code, lines, "has no trained sequence-classification head (a BertModel): transformers would start one "
+                           "at random", "fine-tune it first (linearize finetune")
+    code, lines = invoke("eval", "text", ws / "tiny", *data)
+    assert code == 0 and not any(line.startswith("error:") for line in lines), lines
+
+
 def test_export_out_under_proc_is_one_line_before_the_export(ws, monkeypatch):
     pytest.importorskip("onnxscript")
     monkeypatch.setattr(importlib.import_module("linearize.export"), "export_model",

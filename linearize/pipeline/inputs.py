@@ -261,6 +261,22 @@ def check_task_head(model, name):
                              "first")
 
 
+def check_trained_head(model, name):
+    """Scoring a softmax checkpoint needs the head it was trained with: a checkpoint whose config.json names no
+    class with the loaded model's head (all-MiniLM-L6-v2, a ``BertModel``, scored on a classification task) would
+    be scored through a head transformers started at random; refused in one line."""
+    from ..convert.heads import head_for_class
+
+    head = head_for_class(type(model).__name__)
+    trained = getattr(model.config, "architectures", None) or []
+    tags = {getattr(head_for_class(architecture), "pipeline_tag", None) for architecture in trained}
+    if head is not None and head.pipeline_tag not in tags:
+        kind = f"a {trained[0]}" if trained else "a checkpoint whose config names no class"
+        raise LinearizeError(f"{name} has no trained {head.name} head ({kind}): transformers would start one at "
+                             f"random and its scores would mean nothing; fine-tune it first (linearize finetune "
+                             f"{name} --task TASK --out DIR) and evaluate that")
+
+
 def load_data(task, data):
     """``(DatasetDict, TaskSpec)`` of ``task`` as the data section ``data`` (:class:`DataConfig`)
     says, cut to ``max_train_examples`` / ``max_eval_examples`` (a seeded shuffle first); a

@@ -20,8 +20,8 @@ from ..finetune import finetune
 from ..training import main_process_first, on_main_process
 from .artifacts import remove_work_dir, save_model
 from .stages import check_keep_count, keep_softmax
-from .inputs import (TaskData, check_head, check_label_order, check_model_kind, check_task_head, name_labels,
-                     source_config)
+from .inputs import (TaskData, check_head, check_label_order, check_model_kind, check_task_head, check_trained_head,
+                     name_labels, source_config)
 
 
 DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize distill` saves
@@ -258,6 +258,8 @@ def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress
                              "minilm-embeddings` (or `linearize finetune --task embeddings --teacher SOURCE`) "
                              "reports them")
     check_task_head(net, model)
+    if not converted:
+        check_trained_head(net, model)
     check_head(net, task_data.spec, model)
     check_label_order(net.config, task_data.spec, model)
     loaders = task_data.loaders(batch_size, 0)
