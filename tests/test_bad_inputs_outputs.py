@@ -153,6 +153,36 @@ def test_eval_of_a_checkpoint_without_the_tasks_trained_head_is_one_line(ws, tmp
     assert code == 0 and not any(line.startswith("error:") for line in lines), lines
 
 
+def test_a_run_folder_stands_for_its_model_in_info_eval_and_bench_folder(ws, tmp_path):
+    """`linearize run` writes the student into <run>/model/: the commands that take a converted folder take the run
+    folder too, as export and push already did (info and bench folder said "no config.json", eval "not a Hugging Face
+    model folder")."""
+    import shutil
+
+    shutil.copytree(ws / "converted", tmp_path / "run" / "model")
+    (tmp_path / "run" / "report.json").write_text("{}")
+    code, lines = invoke("info", tmp_path / "run")
+    assert code == 0 and any(str(tmp_path / "run" / "model") in line for line in lines), lines
+    code, lines = invoke("eval", "text", tmp_path / "run", "--task", "files", "--train-file", ws / "train.csv")
+    assert code == 0 and not any(line.startswith("error:") for line in lines), lines
+    code, lines = invoke("bench", "folder", tmp_path / "run", "--seq-lens", "16", "--repeats", "1", "--warmup", "0",
+                         "--threads", "1")
+    assert code == 0, lines
+    assert (tmp_path / "run" / "model" / "bench.json").is_file() and not (tmp_path / "run" / "bench.json").exists()
+
+
+def test_a_stage_reads_a_run_folder_as_its_model(ws, tmp_path):
+    from linearize.pipeline.single_stage import stage_model
+
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text("{}")
+    assert stage_model(tmp_path / "run") == str(tmp_path / "run" / "model")  # distill, finetune, eval
+    assert stage_model(str(ws / "converted")) == str(ws / "converted")  # a model folder as it is
+    assert stage_model("minilm") == "minilm" and stage_model("org/name") == "org/name"  # an alias, a Hub id
+    model = object()
+    assert stage_model(model) is model
+
+
 def test_export_out_under_proc_is_one_line_before_the_export(ws, monkeypatch):
     pytest.importorskip("onnxscript")
     monkeypatch.setattr(importlib.import_module("linearize.export"), "export_model",

@@ -152,7 +152,8 @@ def long_command(
 @friendly_errors
 @config_options(MeasureConfig, into="measure")
 def folder_command(
-    directory: Annotated[Path, typer.Argument(help="A converted model folder (linearize convert's output).")],
+    directory: Annotated[Path, typer.Argument(help="A converted model folder (linearize convert's output; a run folder: "
+                                                        "its model/).")],
     seq_lens: Annotated[Optional[str], typer.Option(
         help="Whole-model sequence lengths (default 128,512,2048).")] = None,
     softmax_max_gib: SoftmaxMaxGibOpt = None,
@@ -164,12 +165,12 @@ def folder_command(
 
     Example: linearize bench folder runs/minilm-hh-4k
     """
-    from ..convert.loading import FOLDER_BENCH_JSON, read_conversion_record
+    from ..convert.loading import FOLDER_BENCH_JSON, converted_folder
     from ..outputs import check_writable_inside
 
     lengths = {"seq_lens": _ints(seq_lens)} if seq_lens else {}
     measure.check()
-    read_conversion_record(directory)  # not a converted folder: one line before torch loads
+    directory = converted_folder(directory)  # a run folder's model/; not a converted folder: one line before torch
     check_writable_inside(directory, FOLDER_BENCH_JSON)  # nor one bench.json cannot be written into
     softmax_max_bytes = _gib_bytes(softmax_max_gib)
     from ..bench import bench_folder

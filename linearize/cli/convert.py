@@ -107,7 +107,8 @@ def convert_command(
 @app.command("info")
 @friendly_errors
 def info_command(
-    directory: Annotated[Optional[Path], typer.Argument(help="A converted model folder.", show_default=False)] = None,
+    directory: Annotated[Optional[Path], typer.Argument(help="A converted model folder (or a run folder: its model/).",
+                                                          show_default=False)] = None,
     env: Annotated[bool, typer.Option("--env", help="Show the installed versions of torch, transformers, ... "
                                                     "against the ones linearize was tested with.")] = False,
 ):
@@ -117,10 +118,10 @@ def info_command(
     Example: linearize info runs/minilm-luna
     The installed versions against the tested ones: linearize info --env
     """
-    from ..convert.loading import read_conversion_record
+    from ..convert.loading import converted_folder
 
     if directory is not None:  # not a converted folder: one line before torch loads (and before --env's table)
-        read_conversion_record(directory)
+        directory = converted_folder(directory)  # the folder itself, or a run folder's model/
     if env:
         print_environment()
     if directory is None:

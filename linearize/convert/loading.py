@@ -263,10 +263,17 @@ def read_conversion_record(directory):
 def converted_folder(path):
     """The converted model folder ``path`` names: the folder itself, or a run folder's ``model/``
     (``linearize run``); a one-line ``LinearizeError`` if it is neither (:func:`read_conversion_record`)."""
+    path = run_model_folder(path)
+    read_conversion_record(path)
+    return path
+
+
+def run_model_folder(path):
+    """``path``, or the ``model/`` of the run folder ``path`` names (``linearize run``: it holds no config.json of
+    its own), so every command that takes a model folder takes a run folder too."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
-        path = path / "model"
-    read_conversion_record(path)
+        return path / "model"
     return path
 
 

@@ -30,11 +30,21 @@ DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize
 def single_stage_config(model, task, data=None, eval=None):
     """The checked :class:`~linearize.config.RunConfig` of a single stage: the defaults with
     ``model``, ``task`` and the ``data`` / ``eval`` sections (a :class:`DataConfig`, or a dict of
-    its fields; an :class:`EvalConfig`)."""
+    its fields; an :class:`EvalConfig`). A run folder's ``model`` is its ``model/`` (:func:`stage_model`)."""
     if isinstance(data, dict):
         data = DataConfig(**{k: v for k, v in data.items() if v is not None})
-    return RunConfig(name="stage", model=model, task=task, data=data or DataConfig(),
+    return RunConfig(name="stage", model=stage_model(model), task=task, data=data or DataConfig(),
                      eval=eval or EvalConfig()).validate()
+
+
+def stage_model(model):
+    """``model`` as a stage reads it: a run folder (``linearize run``'s, with no config.json of its own) stands for
+    its ``model/``, the student; a model folder, a Hub id, an alias or a loaded model as given."""
+    from ..convert.loading import run_model_folder
+
+    if isinstance(model, (str, Path)) and Path(model).expanduser().is_dir():
+        return str(run_model_folder(model))
+    return model
 
 
 def load_model_for_task(model, spec, head=None):
@@ -94,7 +104,7 @@ def distill_model(model, task, out, *, method=None, options=None, layers=None, h
     if config is not None and not isinstance(config, Stage1Config):
         config = Stage1Config(**dataclasses.asdict(config))
     config = (config or Stage1Config()).check()
-    hybrid = dict(hybrid or {})
+    model, hybrid = stage_model(model), dict(hybrid or {})
     if method is not None:
         check_method_options(method, options or {})
         hybrid_settings(**hybrid, method=method)
@@ -197,6 +207,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
     from ..outputs import prepare_output_dir
 
     config = (config or FinetuneConfig()).check()
+    model = stage_model(model)
     run_config = single_stage_config(model, task, data)
     if teacher is None and config.kd_weight:  # before the model and the data load
         raise LinearizeError(f"kd_weight {config.kd_weight:g} distils toward a softmax teacher's outputs, and none is "
