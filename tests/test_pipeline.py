@@ -319,6 +319,23 @@ def test_a_variant_of_stage_2_alone_shares_stage_1(workspace):
             log=lambda *a, **k: None)
 
 
+def test_a_student_starts_from_its_seed_whether_its_teacher_was_fine_tuned_in_the_run_or_reused(workspace):
+    """The feature maps' initial weights depend on the seed alone, not on the randomness the teacher's fine-tuning
+    drew before them: a run that fine-tunes its teacher and one that takes it finished make the same student."""
+    from safetensors.torch import load_file
+
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={
+        "method": "t2r", "options": {"t2r": {"feature_dim": 4}}, "teacher": {"epochs": 1},
+        "stage1": {"enabled": False}, "stage2": {"epochs": 1}})
+    here, reused = workspace / "init-teacher-here", workspace / "init-teacher-reused"
+    run(recipe, here, progress=False, log=lambda *a, **k: None)
+    run(recipe, reused, teacher_from=here, progress=False, log=lambda *a, **k: None)
+    first, second = (load_file(folder / "stage1" / "model.safetensors") for folder in (here, reused))
+    maps = [name for name in first if "linearize_map" in name]
+    assert maps and first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
 def test_compare_variants_reuse_the_teachers_of_another_comparison(workspace):
     """A lever study: one row per setting, the teachers taken from an earlier comparison."""
     from linearize.compare import compare, parse_variant

@@ -276,12 +276,17 @@ def _make_teacher(ctx):
 def stage1(ctx, teacher):
     """A copy of the teacher converted to the run's method, its feature maps distilled against
     the teacher's attention (or, with ``stage1.enabled: false``, only measured)."""
+    from accelerate.utils import set_seed
+
     if ctx.state.done("stage1"):
         ctx.log("[3/6] stage 1: reusing the distilled student")
         return load_saved(ctx.out_dir / "stage1", converted=True), ctx.state.get("stage1")
     config, settings = ctx.config, ctx.config.stage("stage1", ctx.report_to)
     ctx.log(f"[3/6] convert to {config.method}; stage 1: attention distillation")
     student = copy.deepcopy(teacher)
+    # the new feature maps' initial weights come from the seed alone, not from how much randomness the
+    # stages before used: a run whose teacher was fine-tuned here and one that reused it make the same student
+    set_seed(config.seed)
     convert(student, config.method, layers=config.layers, source=str(config.model), **config.hybrid.to_dict(),
             **config.options)
     if settings.enabled:
