@@ -147,6 +147,13 @@ def test_keep_softmax_gives_the_layer_with_the_highest_stage1_kl_back_to_softmax
     kept = max(kl, key=kl.get)
     assert report["model"]["layers"] == [layer for layer in (0, 1) if layer != kept]
     assert any(f"keeping softmax in layer {kept}" in line for line in lines)
+    # the report names the layer given back softmax, and its means and worst layer cover the one still converted
+    assert report["attention"]["softmax_kept"] == [kept]
+    assert report["attention"]["mean_kl_after"] == pytest.approx(kl[1 - kept])
+    markdown = (out / "report.md").read_text()
+    assert f"| {kept} |" in markdown and "softmax kept" in markdown
+    assert f"**{kept}**" not in markdown  # the kept layer is not bolded as the worst
+    assert f"Given back softmax attention after stage 1 (stage1.keep_softmax), the highest KL: layer {kept}" in markdown
     stage1 = linearize.load(out / "stage1")
     model = linearize.load(out / "model")
     from linearize.convert import conversion_record, feature_maps_of

@@ -32,7 +32,7 @@ def build_report(config, task, student, results, report_split, timing, seq_len, 
                       num_labels=None if spec.is_embedding else spec.num_labels),
         model=_model_info(config.model, student),
         scores={"teacher": teacher.scores, "student_stage1": stage1.scores, "student": stage2.scores},
-        attention=_attention(stage1),
+        attention=_attention(stage1, student),
         timing=Timing(teacher_seconds=teacher.seconds, stage1_seconds=stage1.seconds, stage2_seconds=stage2.seconds,
                       total_seconds=total_seconds),
         latency=Latency.from_json({**timing, "seq_len": seq_len, "batch_size": int(next(iter(batch.values())).shape[0])}),
@@ -57,20 +57,25 @@ def _model_info(source, student):
                      hybrid_layers=None if record.hybrid_layers is None else list(record.hybrid_layers))
 
 
-def _attention(stage1):
-    """Stage 1's attention distances per layer, before and after, and their means."""
+def _attention(stage1, student):
+    """Stage 1's attention distances per layer, before and after, and their means over the layers still
+    converted (``stage1.keep_softmax`` gives some back softmax after stage 1: named in ``softmax_kept``)."""
     before, after = stage1.per_layer_before, stage1.per_layer_after
+    record = conversion_record(student)
+    converted = set(record.layers) if record is not None else {int(layer) for layer in after}
     rows = tuple(LayerDistance(layer=int(layer), ce_before=before.get(layer, {}).get("ce"),
                                kl_before=before.get(layer, {}).get("kl"), ce_after=after[layer]["ce"],
                                kl_after=after[layer]["kl"], teacher_entropy=after[layer]["teacher_entropy"],
                                student_entropy=after[layer]["student_entropy"]) for layer in sorted(after, key=int))
 
+    kept = tuple(row.layer for row in rows if row.layer not in converted)
+
     def mean(key):
-        values = [getattr(row, key) for row in rows if getattr(row, key) is not None]
+        values = [getattr(row, key) for row in rows if row.layer not in kept and getattr(row, key) is not None]
         return float(np.mean(values)) if values else None
 
     return AttentionInfo(per_layer=rows, mean_kl_before=mean("kl_before"), mean_kl_after=mean("kl_after"),
-                         stage1_skipped=stage1.skipped)
+                         stage1_skipped=stage1.skipped, softmax_kept=kept)
 
 
 def write_run_report(report, out_dir):

@@ -316,8 +316,12 @@ def _recovery_section(report, figures):
     facts = []
     attention, latency = report.attention, report.latency
     if attention.mean_kl_before is not None and attention.mean_kl_after is not None:
-        facts.append(f"- Attention fidelity: mean KL divergence from the teacher's attention weights "
-                     f"{attention.mean_kl_before:.3f} before distillation, {attention.mean_kl_after:.3f} after.")
+        over = f" over the {len(attention.converted_rows)} layers still converted" if attention.softmax_kept else ""
+        kept = (f" Layer{'s' if len(attention.softmax_kept) > 1 else ''} "
+                f"{', '.join(map(str, attention.softmax_kept))} keep softmax attention (the highest KL after "
+                "distillation)." if attention.softmax_kept else "")
+        facts.append(f"- Attention fidelity: mean KL divergence from the teacher's attention weights{over} "
+                     f"{attention.mean_kl_before:.3f} before distillation, {attention.mean_kl_after:.3f} after.{kept}")
     if latency.teacher_ms is not None and latency.student_ms is not None:
         speed = f" ({latency.speedup:.2f}× speed-up)" if latency.speedup is not None else ""
         seq = f" at sequence length {latency.seq_len}" if latency.seq_len else ""

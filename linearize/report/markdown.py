@@ -124,10 +124,24 @@ def _summary(report):
     else:
         text = None
     if text:
+        if attention.softmax_kept:
+            text = text.replace("mean over layers", f"mean over the {len(attention.converted_rows)} layers "
+                                "still converted")
         if worst is not None and key.startswith("kl"):
             text += f"; layer {worst.layer} lags most ({getattr(worst, key):.3f})"
-        lines += ["", text + "."]
+        lines += ["", text + "." + _softmax_kept_sentence(attention)]
     return lines
+
+
+def _softmax_kept_sentence(attention):
+    """`` Layer 1 was given back softmax attention ...`` when ``stage1.keep_softmax`` gave any back, else ``""``."""
+    kept = [row for row in attention.per_layer if row.layer in attention.softmax_kept]
+    if not kept:
+        return ""
+    layers = ", ".join(f"{row.layer} (KL {row.kl_after:.3f})" if row.kl_after is not None else str(row.layer)
+                       for row in kept)
+    return (f" Given back softmax attention after stage 1 (stage1.keep_softmax), the highest KL: layer"
+            f"{'s' if len(kept) > 1 else ''} {layers}.")
 
 
 def _recovery_lines(report):
@@ -330,7 +344,8 @@ def _attention_section(report):
                           for key in columns]
     if has_entropy:
         header += ["teacher entropy", "student entropy", "gap"]
-    table_rows = [_layer_cells(row, columns, skipped, has_entropy, row is worst) for row in rows]
+    table_rows = [_layer_cells(row, columns, skipped, has_entropy, row is worst, row.layer in attention.softmax_kept)
+                  for row in rows]
     if any(cells[-1] for cells in table_rows):
         header.append("")
     else:
@@ -339,7 +354,7 @@ def _attention_section(report):
     return lines + ["", " ".join(_attention_notes(attention, has_entropy))]
 
 
-def _layer_cells(row, columns, skipped, has_entropy, is_worst):
+def _layer_cells(row, columns, skipped, has_entropy, is_worst, softmax_kept=False):
     cells = ["?" if row.layer is None else str(row.layer)]
     for key in columns:
         before, after = getattr(row, f"{key}_before"), getattr(row, f"{key}_after")
@@ -349,7 +364,7 @@ def _layer_cells(row, columns, skipped, has_entropy, is_worst):
         cells += [_fmt_loss(t), _fmt_loss(s), f"{s - t:+.3f}" if t is not None and s is not None else "—"]
     if is_worst:  # bold the layer and its distances (not the entropies)
         cells[: 1 + len(columns)] = [f"**{c}**" if c != "—" else c for c in cells[: 1 + len(columns)]]
-    return cells + ["◀ worst" if is_worst else ""]
+    return cells + ["◀ worst" if is_worst else "softmax kept" if softmax_kept else ""]
 
 
 def _attention_notes(attention, has_entropy):
@@ -358,6 +373,8 @@ def _attention_notes(attention, has_entropy):
     if has_entropy:
         notes.append("A positive entropy gap means the student attends more diffusely than the teacher.")
     before, after, skipped = attention.mean_kl_before, attention.mean_kl_after, attention.stage1_skipped
+    notes += [_softmax_kept_sentence(attention).strip() + " The means below cover the layers still converted."] \
+        if attention.softmax_kept else []
     if before is not None and after is not None and not skipped:
         if before <= 0:
             notes.append(f"Mean KL {before:.3f} → {after:.3f}.")
@@ -369,8 +386,8 @@ def _attention_notes(attention, has_entropy):
     elif before is not None:
         notes.append(f"Mean KL {before:.3f}.")
     worst, key = attention.worst_layer()
-    if worst is not None and len(attention.per_layer) > 1:
-        others = mean(getattr(r, key) for r in attention.per_layer if r is not worst)
+    if worst is not None and len(attention.converted_rows) > 1:
+        others = mean(getattr(r, key) for r in attention.converted_rows if r is not worst)
         if others is not None:
             what = {"kl_after": "KL after stage 1", "ce_after": "CE after stage 1", "kl_before": "KL",
                     "ce_before": "CE"}[key]

@@ -300,33 +300,47 @@ class LayerDistance:
 
 @dataclass(frozen=True)
 class AttentionInfo:
+    """Stage 1's attention distances per layer and their means. ``softmax_kept``: the layers given back
+    softmax attention after stage 1 (``stage1.keep_softmax``); their rows stay in ``per_layer`` (what
+    stage 1 reached there) and the means and :meth:`worst_layer` cover the layers still converted."""
+
     per_layer: tuple = ()
     mean_kl_before: float | None = None
     mean_kl_after: float | None = None
     stage1_skipped: bool = False
+    softmax_kept: tuple = ()
 
     @classmethod
     def from_json(cls, data):
         data = data if isinstance(data, dict) else {}
         rows = data.get("per_layer") if isinstance(data.get("per_layer"), list) else []
         per_layer = tuple(LayerDistance.from_json(row) for row in rows if isinstance(row, dict))
+        kept = data.get("softmax_kept") if isinstance(data.get("softmax_kept"), list) else []
+        kept = tuple(layer for layer in kept if isinstance(layer, int) and not isinstance(layer, bool))
+        converted = [row for row in per_layer if row.layer not in kept]
         before, after = finite(data.get("mean_kl_before")), finite(data.get("mean_kl_after"))
         return cls(per_layer=per_layer,
-                   mean_kl_before=before if before is not None else mean(r.kl_before for r in per_layer),
-                   mean_kl_after=after if after is not None else mean(r.kl_after for r in per_layer),
-                   stage1_skipped=bool(data.get("stage1_skipped")))
+                   mean_kl_before=before if before is not None else mean(r.kl_before for r in converted),
+                   mean_kl_after=after if after is not None else mean(r.kl_after for r in converted),
+                   stage1_skipped=bool(data.get("stage1_skipped")), softmax_kept=kept)
 
     def to_json(self):
+        kept = {"softmax_kept": list(self.softmax_kept)} if self.softmax_kept else {}  # absent from older reports
         return {"per_layer": [_section_json(row) for row in self.per_layer], "mean_kl_before": self.mean_kl_before,
-                "mean_kl_after": self.mean_kl_after, "stage1_skipped": self.stage1_skipped}
+                "mean_kl_after": self.mean_kl_after, "stage1_skipped": self.stage1_skipped, **kept}
+
+    @property
+    def converted_rows(self):
+        """The rows of the layers still converted (not given back softmax after stage 1)."""
+        return tuple(row for row in self.per_layer if row.layer not in self.softmax_kept)
 
     def worst_layer(self):
-        """``(row, key)`` of the layer whose attention stays furthest from the teacher's, or
+        """``(row, key)`` of the converted layer whose attention stays furthest from the teacher's, or
         ``(None, None)``: by KL after stage 1 (before it when skipped), else by CE."""
         keys = ("kl_before", "ce_before") if self.stage1_skipped else ("kl_after", "ce_after", "kl_before",
                                                                          "ce_before")
         for key in keys:
-            candidates = [row for row in self.per_layer if getattr(row, key) is not None]
+            candidates = [row for row in self.converted_rows if getattr(row, key) is not None]
             if candidates:
                 return max(candidates, key=lambda row: getattr(row, key)), key
         return None, None
