@@ -134,7 +134,8 @@ def _summary(report):
 
 
 def _softmax_kept_sentence(attention):
-    """`` Layer 1 was given back softmax attention ...`` when ``stage1.keep_softmax`` gave any back, else ``""``."""
+    """`` Given back softmax attention after stage 1 ...: layer 1 (KL 0.259).`` when ``stage1.keep_softmax`` gave
+    any layer back softmax, else ``""``."""
     kept = [row for row in attention.per_layer if row.layer in attention.softmax_kept]
     if not kept:
         return ""
@@ -373,8 +374,8 @@ def _attention_notes(attention, has_entropy):
     if has_entropy:
         notes.append("A positive entropy gap means the student attends more diffusely than the teacher.")
     before, after, skipped = attention.mean_kl_before, attention.mean_kl_after, attention.stage1_skipped
-    notes += [_softmax_kept_sentence(attention).strip() + " The means below cover the layers still converted."] \
-        if attention.softmax_kept else []
+    if attention.softmax_kept:
+        notes.append(_softmax_kept_sentence(attention).strip() + " The means below cover the layers still converted.")
     if before is not None and after is not None and not skipped:
         if before <= 0:
             notes.append(f"Mean KL {before:.3f} → {after:.3f}.")
