@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 from ..convert import conversion_record
 from ..report import (AttentionInfo, LayerDistance, Latency, ModelInfo, Report, TaskInfo, Timing, copy_report,
                       save_report)
@@ -67,15 +65,8 @@ def _attention(stage1, student):
                                kl_before=before.get(layer, {}).get("kl"), ce_after=after[layer]["ce"],
                                kl_after=after[layer]["kl"], teacher_entropy=after[layer]["teacher_entropy"],
                                student_entropy=after[layer]["student_entropy"]) for layer in sorted(after, key=int))
-
-    kept = tuple(row.layer for row in rows if row.layer not in converted)
-
-    def mean(key):
-        values = [getattr(row, key) for row in rows if row.layer not in kept and getattr(row, key) is not None]
-        return float(np.mean(values)) if values else None
-
-    return AttentionInfo(per_layer=rows, mean_kl_before=mean("kl_before"), mean_kl_after=mean("kl_after"),
-                         stage1_skipped=stage1.skipped, softmax_kept=kept)
+    return AttentionInfo.from_rows(rows, stage1_skipped=stage1.skipped,
+                                   softmax_kept=[row.layer for row in rows if row.layer not in converted])
 
 
 def write_run_report(report, out_dir):

@@ -115,18 +115,17 @@ def _summary(report):
     attention = report.attention
     before, after = attention.mean_kl_before, attention.mean_kl_after
     worst, key = attention.worst_layer()
+    over = (f"mean over the {len(attention.converted_rows)} layers still converted" if attention.softmax_kept
+            else "mean over layers")
     if attention.stage1_skipped and before is not None:
-        text = f"Stage 1 was skipped; attention KL to the teacher, mean over layers: {before:.3f}"
+        text = f"Stage 1 was skipped; attention KL to the teacher, {over}: {before:.3f}"
     elif before is not None and after is not None:
-        text = f"Attention KL to the teacher, mean over layers: {before:.3f} → {after:.3f} through stage 1"
+        text = f"Attention KL to the teacher, {over}: {before:.3f} → {after:.3f} through stage 1"
     elif before is not None or after is not None:
-        text = f"Attention KL to the teacher, mean over layers: {(before if before is not None else after):.3f}"
+        text = f"Attention KL to the teacher, {over}: {(before if before is not None else after):.3f}"
     else:
         text = None
     if text:
-        if attention.softmax_kept:
-            text = text.replace("mean over layers", f"mean over the {len(attention.converted_rows)} layers "
-                                "still converted")
         if worst is not None and key.startswith("kl"):
             text += f"; layer {worst.layer} lags most ({getattr(worst, key):.3f})"
         lines += ["", text + "." + _softmax_kept_sentence(attention)]

@@ -317,12 +317,18 @@ class AttentionInfo:
         per_layer = tuple(LayerDistance.from_json(row) for row in rows if isinstance(row, dict))
         kept = data.get("softmax_kept") if isinstance(data.get("softmax_kept"), list) else []
         kept = tuple(layer for layer in kept if isinstance(layer, int) and not isinstance(layer, bool))
-        converted = [row for row in per_layer if row.layer not in kept]
-        before, after = finite(data.get("mean_kl_before")), finite(data.get("mean_kl_after"))
-        return cls(per_layer=per_layer,
-                   mean_kl_before=before if before is not None else mean(r.kl_before for r in converted),
-                   mean_kl_after=after if after is not None else mean(r.kl_after for r in converted),
-                   stage1_skipped=bool(data.get("stage1_skipped")), softmax_kept=kept)
+        return cls.from_rows(per_layer, stage1_skipped=bool(data.get("stage1_skipped")), softmax_kept=kept,
+                             mean_kl_before=finite(data.get("mean_kl_before")),
+                             mean_kl_after=finite(data.get("mean_kl_after")))
+
+    @classmethod
+    def from_rows(cls, per_layer, *, stage1_skipped=False, softmax_kept=(), mean_kl_before=None, mean_kl_after=None):
+        """The section from its rows; a mean not given is the mean over the layers still converted."""
+        info = cls(per_layer=tuple(per_layer), stage1_skipped=stage1_skipped, softmax_kept=tuple(softmax_kept))
+        converted = info.converted_rows
+        return dataclasses.replace(
+            info, mean_kl_before=mean_kl_before if mean_kl_before is not None else mean(r.kl_before for r in converted),
+            mean_kl_after=mean_kl_after if mean_kl_after is not None else mean(r.kl_after for r in converted))
 
     def to_json(self):
         kept = {"softmax_kept": list(self.softmax_kept)} if self.softmax_kept else {}  # absent from older reports
