@@ -80,8 +80,8 @@ LIMITS = {
     "checkpoint_every": NON_NEGATIVE, "mixed_precision": _one_of("no", "fp16", "bf16"),
     "gradient_accumulation_steps": COUNT, "block_size": NON_NEGATIVE, "batch_size": COUNT,
     "patience": NON_NEGATIVE, "kd_weight": (lambda value: 0 <= value <= 1, "in [0, 1]"),
-    "kd_temperature": POSITIVE, "trainable": _one_of("all", "attention"), "similarity_weight": NON_NEGATIVE,
-    "similarity_temperature": POSITIVE, "similarity_anchors": _one_of("batch", "train"),
+    "kd_temperature": POSITIVE, "stage1_margin": NON_NEGATIVE, "trainable": _one_of("all", "attention"),
+    "similarity_weight": NON_NEGATIVE, "similarity_temperature": POSITIVE, "similarity_anchors": _one_of("batch", "train"),
     "max_length": _at_least(3, ">= 3 (a text's [CLS] and [SEP] take 2 tokens: at least one is left for the text)"),
     "position_init": _one_of("tile", "interpolate"),
     "dev_fraction": _fraction(), "attention_dropout": _fraction(), "max_train_examples": COUNT,
@@ -196,6 +196,11 @@ class FinetuneConfig(TrainingConfig):
     kd_weight: float = setting(
         0.0, "Weight a of a distillation term toward a teacher's outputs: loss = (1-a)*task + a*KD (0 = off).")
     kd_temperature: float = setting(2.0, "Temperature of that distillation term.")
+    stage1_margin: float = setting(
+        1.0, "When the stage-1 student competes in the selection (as epoch 0), it is kept over the best stage-2 "
+             "epoch only when its dev score is ahead by at least this many standard errors of the dev metric "
+             "(measured on its own dev predictions); a smaller lead is noise, and the trained epoch is kept. 0: the "
+             "higher dev score wins (a tie keeps the stage-1 model).")
     trainable: str = setting(
         "all", "The weights fine-tuned: all, or attention: only the converted attention's own (its feature maps "
                "and hybrid gamma, as stage 1 trains), every pretrained weight and the head left as they are.")
@@ -207,6 +212,14 @@ class FinetuneConfig(TrainingConfig):
     similarity_anchors: str = setting(
         "batch", "Whose teacher embeddings each text ranks itself against in that term: batch (the other texts of "
                  "its batch) or train (every training text's, held once: CompRess's memory bank).")
+
+    def check_stage1_margin(self, competes, name="stage2.stage1_margin"):
+        """``OptionError`` (one line) for a ``stage1_margin`` (``name``: as the user set it) other
+        than the default where no stage-1 model competes in the selection (``competes`` False)."""
+        if not competes and self.stage1_margin != FinetuneConfig.stage1_margin:
+            raise OptionError(f"{name} weighs a stage-1 model against stage 2's epochs, and none competes here (stage "
+                              "1 is off, or the model is not a linearize distill output): leave it out")
+        return self
 
     def check_task_loss(self, is_embedding, where="stage2."):
         """``OptionError`` (one line) for a loss term the task's loss cannot take: the logit distillation on an
@@ -378,8 +391,8 @@ class TeacherConfig(FinetuneConfig):
     """Recipe section ``teacher``: the softmax teacher's fine-tuning, stage 2's settings with the
     teacher's defaults (no distillation term: the teacher has no teacher)."""
 
-    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "trainable", "similarity_weight", "similarity_temperature",
-                     "similarity_anchors", "report_to")
+    not_in_recipe = ("seed", "kd_weight", "kd_temperature", "stage1_margin", "trainable", "similarity_weight",
+                     "similarity_temperature", "similarity_anchors", "report_to")
 
     finetune: bool = setting(True, "Fine-tune the source model on the task first (false: use it as it is).")
     attention_dropout: float | None = setting(
@@ -531,6 +544,7 @@ class RunConfig(Config):
         for item in dataclasses.fields(self):  # fp16 on a CPU: before the teacher trains, not after
             section = getattr(self, item.name)
             check_mixed_precision(getattr(section, "mixed_precision", "no"), f"{item.name}.mixed_precision")
+        self.stage2.check_stage1_margin(self.stage1.enabled)
         if self.task is not None:  # a data option the task does not read, a data file that is not there
             from .data import CHECKED_OPTIONS, check_task_data
 

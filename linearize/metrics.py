@@ -206,6 +206,33 @@ def compute_metrics(task, predictions, references) -> dict[str, float]:
     return {name: results[name] for name in names}
 
 
+def standard_error(task, predictions, references, metric, draws=200, seed=0):
+    """The standard error of ``metric`` of ``task`` on these examples, by the delete-d jackknife
+    (Shao & Wu 1989, "A general theory for jackknife variance estimation", Ann. Statist. 17(3),
+    the delete-d variance estimator): the metric recomputed on ``draws`` random subsets that each
+    leave out d = n // 2 of the n examples (drawn without replacement, ``seed``),
+
+        SE² = r / (d · draws) · Σ_s (θ_s − θ̄)²,   r = n − d,
+
+    which for a mean over examples (accuracy, mean cosine) is its variance divided by n, and
+    which holds for the metrics that are not means (F1, Matthews, correlations, top-k overlap)
+    alike. Subsets whose metric is undefined (not finite) are left out; 0.0 when fewer than 4
+    examples or 2 defined subsets."""
+    predictions, references = np.asarray(predictions), np.asarray(references)
+    n = len(references)
+    if n < 4:
+        return 0.0
+    d, rng = n // 2, np.random.default_rng(seed)
+    values = []
+    for _ in range(draws):
+        kept = np.sort(rng.choice(n, n - d, replace=False))
+        values.append(compute_metrics(task, predictions[kept], references[kept])[metric])
+    values = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if len(values) < 2:
+        return 0.0
+    return float(np.sqrt((n - d) / d * np.mean((values - values.mean()) ** 2)))
+
+
 def _class_ids(preds):
     if preds.ndim == 2:
         return preds.argmax(axis=1)

@@ -47,13 +47,14 @@ OLD_DEFAULTS = {
 #: extended to data.max_length; issue 23: the negative-weight penalty of maps whose kernel can be negative;
 #: issue 22: an embedding task's similarity file; length-grouped batches and the teacher's attention
 #: dropout for long documents; issue 36: data.regression, a score label of data files; issue 34: the time per
-#: example at the task's own lengths; the embedding task's training documents)
+#: example at the task's own lengths; the embedding task's training documents; the stage-1 model's selection
+#: margin)
 NEW_DEFAULTS = {"stage1": {"block_size": 512, "negative_weight_penalty": 100.0, "keep_softmax": 0},
                 "position_init": "tile",
                 "data": {"similarity_file": None, "group_by_length": False, "regression": False, "document_length": 0,
                          "train_documents": False},
                 "teacher": {"attention_dropout": None},
-                "stage2": {"trainable": "all", "similarity_weight": 0.0, "similarity_temperature": 0.05,
+                "stage2": {"trainable": "all", "stage1_margin": 1.0, "similarity_weight": 0.0, "similarity_temperature": 0.05,
                            "similarity_anchors": "batch"},
                 "eval": {"latency_max_length": 8192, "latency_lengths": [2048, 4096], "latency_examples": 100},
                 "hybrid": {"window": 0, "sinks": "none", "gamma": None, "hybrid_layers": None}}

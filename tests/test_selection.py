@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 import linearize
+from linearize.errors import OptionError
 from linearize.finetune import FinetuneConfig, finetune
 from linearize.finetune import stage2 as stage2_module
 from linearize.report import Report, Selection, StageResult, render_markdown
@@ -62,13 +63,13 @@ def _assert_equal_states(a, b):
 
 
 def test_the_stage1_model_is_kept_when_no_epoch_beats_it(tmp_path, monkeypatch):
-    """Epoch 0 scores 0.7 on dev, the epochs 0.6 and 0.7 (a tie keeps the earlier model): the
-    model returned is the one given, every weight exactly, the head included."""
+    """Epoch 0 scores 0.7 on dev, the epochs 0.6 and 0.7 (no margin: a tie keeps the earlier
+    model): the model returned is the one given, every weight exactly, the head included."""
     calls = _scripted(monkeypatch, [0.7, 0.6, 0.7, 0.7])
     model = _student()
     given = _state(model)
     result = finetune(model, _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
-                      config=FinetuneConfig(lr=1e-3, epochs=2, patience=0), **QUIET)
+                      config=FinetuneConfig(lr=1e-3, epochs=2, patience=0, stage1_margin=0), **QUIET)
     assert (result.best_epoch, result.initial_metric, result.best_metric) == (0, 0.7, 0.7)
     assert len(calls) == 4 and len(result.history) == 2  # epoch 0, the two epochs, the final check
     _assert_equal_states(_state(model), given)
@@ -77,7 +78,7 @@ def test_the_stage1_model_is_kept_when_no_epoch_beats_it(tmp_path, monkeypatch):
 def test_a_stage2_epoch_that_beats_it_is_kept_and_trains_as_without_it(tmp_path, monkeypatch):
     """Epoch 1 beats epoch 0: it is kept, with exactly the weights of a run where the model given
     did not compete (scoring it first leaves the training's random draws untouched)."""
-    config = FinetuneConfig(lr=1e-3, epochs=2, patience=0)
+    config = FinetuneConfig(lr=1e-3, epochs=2, patience=0, stage1_margin=0)
     _scripted(monkeypatch, [0.6, 0.55, 0.6])
     reference = _student()
     finetune(reference, _loader(), _loader(False), "sst2", tmp_path / "a", config=config, **QUIET)
@@ -94,7 +95,8 @@ def test_a_stage2_epoch_that_beats_it_is_kept_and_trains_as_without_it(tmp_path,
 def test_given_dev_metrics_are_reused_not_measured_again(tmp_path, monkeypatch):
     calls = _scripted(monkeypatch, [0.9])
     result = finetune(_student(), _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
-                      initial_metrics={"accuracy": 0.95, "f1": 0.1}, config=FinetuneConfig(lr=1e-3, epochs=1),
+                      initial_metrics={"accuracy": 0.95, "f1": 0.1},
+                      config=FinetuneConfig(lr=1e-3, epochs=1, stage1_margin=0),
                       **QUIET)
     assert len(calls) == 2  # the epoch and the final check: none for epoch 0
     assert (result.best_epoch, result.initial_metric) == (0, 0.95)
@@ -103,7 +105,7 @@ def test_given_dev_metrics_are_reused_not_measured_again(tmp_path, monkeypatch):
 def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
     """Killed after epoch 1 of 3 (epoch 0 leading), resumed with another model in hand: the
     candidate's weights and score come from the checkpoint, it is not scored again, and it wins."""
-    config = FinetuneConfig(lr=1e-3, epochs=3, patience=0)
+    config = FinetuneConfig(lr=1e-3, epochs=3, patience=0, stage1_margin=0)
     _scripted(monkeypatch, [0.9, 0.5])
     model = _student()
     given = _state(model)
@@ -129,6 +131,55 @@ def test_a_resumed_run_keeps_the_stage1_candidate(tmp_path, monkeypatch):
     _assert_equal_states(_state(other), given)
 
 
+@pytest.mark.parametrize("lead_in_errors, kept", [(0.5, 1), (2.0, 0)])
+def test_the_stage1_model_needs_a_lead_of_the_margin_to_be_kept(tmp_path, monkeypatch, lead_in_errors, kept):
+    """The default margin, one standard error of the stage-1 model's dev metric (on its own dev
+    predictions): an epoch trailing it by half that is kept; one trailing by two, not."""
+    from linearize.evaluation import predict
+    from linearize.metrics import standard_error
+
+    model = _student()
+    logits, labels = predict(model, _loader(False))
+    error = standard_error("sst2", logits, labels, "accuracy")
+    assert error > 0.02  # 24 dev examples
+    _scripted(monkeypatch, [0.9 - lead_in_errors * error])
+    result = finetune(model, _loader(), _loader(False), "sst2", tmp_path, initial_candidate=True,
+                      initial_metrics={"accuracy": 0.9}, config=FinetuneConfig(lr=1e-3, epochs=1), **QUIET)
+    assert result.best_epoch == kept and result.extra["stage1_margin"] == pytest.approx(error)
+    selection = result.selection("accuracy")
+    assert selection.margin == pytest.approx(error) and selection.stage1_kept == (kept == 0)
+    assert Selection.from_json(selection.to_json()) == selection
+
+
+def test_the_margin_is_a_standard_error_of_the_metric():
+    """For accuracy, the jackknife's standard error is the binomial one, sqrt(p(1 - p) / n), within
+    the spread of 200 subsets; for an F1 or a correlation it is of the same size."""
+    import numpy as np
+
+    from linearize.metrics import standard_error
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 400)
+    predictions = np.where(rng.random(400) < 0.8, labels, 1 - labels)
+    accuracy = float(np.mean(predictions == labels))
+    binomial = (accuracy * (1 - accuracy) / 400) ** 0.5
+    assert standard_error("sst2", predictions, labels, "accuracy") == pytest.approx(binomial, rel=0.15)
+    assert 0.5 * binomial < standard_error("mrpc", predictions, labels, "f1") < 3 * binomial
+    assert standard_error("sst2", predictions[:3], labels[:3], "accuracy") == 0.0  # too few examples
+    values = rng.normal(size=400)
+    assert 0.01 < standard_error("stsb", values + rng.normal(size=400), values, "pearson") < 0.1
+
+
+def test_a_margin_that_cannot_take_effect_is_an_error():
+    from linearize.recipes import load_recipe
+
+    with pytest.raises(OptionError, match="stage2.stage1_margin weighs a stage-1 model"):
+        load_recipe("minilm-moviereviews", overrides={"stage1": {"enabled": False}, "stage2": {"stage1_margin": 2.0}})
+    with pytest.raises(OptionError, match="stage1_margin must be >= 0"):
+        load_recipe("minilm-moviereviews", overrides={"stage2": {"stage1_margin": -1.0}})
+    assert load_recipe("minilm-moviereviews", overrides={"stage2": {"stage1_margin": 2.0}}).stage2.stage1_margin == 2
+
+
 def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
@@ -146,13 +197,15 @@ def test_linearize_finetune_of_a_stage1_output_can_keep_it(workspace, tmp_path, 
                   config=Stage1Config(lr=1e-2, epochs=1, batch_size=8), **QUIET)
     assert is_stage1_output(tmp_path / "s1") and not is_stage1_output(workspace / "tiny")
     _scripted(monkeypatch, [0.9, 0.5])
-    config = FinetuneConfig(lr=1e-3, batch_size=8, epochs=1)
+    config = FinetuneConfig(lr=1e-3, batch_size=8, epochs=1, stage1_margin=0)
     result = finetune_model(str(tmp_path / "s1"), "files", tmp_path / "s2", config=config, data=data, **QUIET)
     assert (result.best_epoch, result.initial_metric) == (0, 0.9)
     _assert_equal_states(_weights(tmp_path / "s2"), _weights(tmp_path / "s1"))
-    result = finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", config=config, data=data,
-                            **QUIET)
-    assert result.initial_metric is None and result.best_epoch == 1
+    with pytest.raises(OptionError, match="--stage1-margin weighs a stage-1 model against stage 2's epochs"):
+        finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", config=config, data=data, **QUIET)
+    result = finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", data=data, **QUIET,
+                            config=FinetuneConfig(lr=1e-3, batch_size=8, epochs=1))
+    assert result.initial_metric is None and result.best_epoch == 1 and result.extra["stage1_margin"] is None
 
 
 def test_the_pipeline_reuses_the_stage1_score_and_reports_the_winner(workspace, tmp_path, monkeypatch):  # noqa: F811
@@ -213,6 +266,11 @@ def test_the_report_reads_writes_and_renders_the_selection():
     assert "No stage-2 epoch beat that model on the validation split" in render_markdown(report)
     card = str(build_card("me/tiny", {"linearize": {"method": "luna"}}, report))
     assert f"Model selection: {note}" in card
+    within = Report.from_json(dict(data, selection=dict(selection.to_json(), selected_epoch=1, margin=0.022)))
+    assert within.selection.margin == 0.022 and not within.selection.stage1_kept
+    assert ("Stage 2 kept its epoch 1: the stage-1 model led it by 0.012, under the margin of 0.022 on the validation "
+            "split (accuracy: the stage-1 model 0.806; epoch 1 0.794; the stage-1 model is kept only when ahead by at "
+            "least the margin, stage2.stage1_margin standard errors of its dev accuracy).") in render_markdown(within)
     later = Report.from_json(dict(data, selection=dict(selection.to_json(), selected_epoch=1)))
     table = summarize({"luna + stage 1": [report, later]})
     assert table["rows"][1]["stage1_kept"] == 1

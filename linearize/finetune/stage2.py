@@ -26,7 +26,7 @@ import torch
 from ..config import FinetuneConfig  # the stage-2 settings live in linearize.config
 from ..distill.losses import logit_distillation
 from ..errors import LinearizeError
-from ..evaluation import evaluate
+from ..evaluation import evaluate, predict
 from ..report.results import StageResult
 from ..training import Trainer, atomic_torch_save, make_accelerator, on_main_process
 
@@ -46,7 +46,7 @@ def recipe(name, **overrides):
 
 BEST_FILE = "best.pt"  # the best weights so far (by the dev metric) in ``output_dir``
 #: what a checkpoint keeps of a fine-tuning run beside the trainer's step, epoch, history and time
-RUN_STATE = ("epoch_step", "running", "stale", "best_metric", "best_epoch", "initial_metric")
+RUN_STATE = ("epoch_step", "running", "stale", "best_metric", "best_epoch", "initial_metric", "initial_margin")
 
 
 def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None, resume=True, accelerator=None,
@@ -63,13 +63,15 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     the loss also matches (:func:`linearize.distill.losses.logit_distillation`).
     ``initial_candidate``: ``model`` as it is given (all of it, the head included; in the
     pipeline the stage-1 student) competes as epoch 0: it is scored on the dev split before the
-    first step (``initial_metrics``: its dev metrics, already measured, reused instead) and is
-    the model returned when no epoch scores strictly higher (a tie keeps the earlier candidate;
-    early stopping counts from it too).
+    first step (``initial_metrics``: its dev metrics, already measured, reused for the score) and
+    is the model returned unless an epoch scores above its score less a margin,
+    ``config.stage1_margin`` standard errors of its dev metric (its dev predictions are taken for
+    that; margin 0: an epoch must score strictly higher, a tie keeps the earlier candidate). Once
+    an epoch is kept, later epochs must beat it outright; early stopping counts from epoch 0 too.
     Returns a :class:`~linearize.report.StageResult`: ``best_metric``, ``best_epoch`` (0: the
     initial model), ``initial_metric`` (its dev score, or None), ``history``, ``steps``,
     ``seconds``, and in ``extra`` ``primary_metric``, ``dev_metrics``, ``epochs_run``,
-    ``resumed`` and ``config``.
+    ``resumed``, ``stage1_margin`` (the margin in the metric's units, or None) and ``config``.
     """
     from accelerate.utils import set_seed
 
@@ -90,9 +92,9 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     description = "  dev evaluation" if progress and accelerator.is_main_process else None
     if initial_candidate and not run.resumed:  # a resumed run keeps its candidate (its checkpoint, best.pt)
         with _rng_kept(accelerator.device):  # scoring it leaves the training's random draws as they were
-            metrics = initial_metrics or evaluate(accelerator.unwrap_model(model), eval_loader, task,
-                                                  accelerator.device, description=description)
-        run.start(metrics[primary], primary)
+            score, margin = _initial_candidate(accelerator.unwrap_model(model), eval_loader, task, primary, config,
+                                               initial_metrics, accelerator.device, description)
+        run.start(score, margin, primary)
     trainer.begin(run.meta["step"], run.meta["seconds"], "fine-tuning", progress, output_dir)
     while run.continues():
         run.train_epoch()
@@ -108,6 +110,20 @@ def finetune(model, train_loader, eval_loader, task, output_dir, *, config=None,
     return _result(run, trainer.seconds, primary, dev, config)
 
 
+def _initial_candidate(model, loader, task, primary, config, metrics, device, description):
+    """``(score, margin)`` of ``model`` competing as epoch 0: its dev ``primary`` score (from
+    ``metrics``, its dev metrics, when given; else measured) and the lead over an epoch it needs
+    to be kept, ``config.stage1_margin`` standard errors of that score
+    (:func:`linearize.metrics.standard_error` on its dev predictions, taken when the margin is on)."""
+    from ..metrics import compute_metrics, standard_error
+
+    if not config.stage1_margin:
+        return (metrics or evaluate(model, loader, task, device, description=description))[primary], 0.0
+    logits, labels = predict(model, loader, device, description=description, task=task)
+    score = (metrics or compute_metrics(task, logits, labels))[primary]
+    return score, config.stage1_margin * standard_error(task, logits, labels, primary)
+
+
 def _result(run, seconds, primary, dev, config):
     """The :class:`StageResult` of a finished fine-tuning ``run`` (its best model restored, which
     scores ``dev`` on the dev split)."""
@@ -115,7 +131,8 @@ def _result(run, seconds, primary, dev, config):
     return StageResult(best_metric=meta["best_metric"], best_epoch=meta["best_epoch"],
                        initial_metric=meta.get("initial_metric"), history=meta["history"], steps=meta["step"],
                        seconds=seconds, extra={"primary_metric": primary, "dev_metrics": dev, "epochs_run": meta["epoch"],
-                                               "resumed": run.resumed, "config": config.to_dict()})
+                                               "resumed": run.resumed, "stage1_margin": meta.get("initial_margin"),
+                                               "config": config.to_dict()})
 
 
 def _rng_kept(device):
@@ -218,7 +235,7 @@ class _FineTuning:
     as its ``extra`` values: ``epoch_step`` and ``running``, the optimizer steps and their loss
     sum in the current epoch; ``stale``, epochs since the dev metric last improved;
     ``best_metric`` and ``best_epoch``; ``initial_metric``, the dev score of the model before any
-    step when it competes, epoch 0). Built from the checkpoint in ``output_dir`` when there is
+    step when it competes, epoch 0, and ``initial_margin``, the lead it needs over an epoch). Built from the checkpoint in ``output_dir`` when there is
     one (``resumed``; ``resume=False``: it is deleted first, with the best weights)."""
 
     def __init__(self, model, trainer, task_loss, output_dir, log, resume=True):
@@ -226,7 +243,7 @@ class _FineTuning:
         if not resume:
             trainer.clear_checkpoint(output_dir, log, also=[BEST_FILE])
         self.meta = {"epoch": 0, "step": 0, "epoch_step": 0, "running": 0.0, "best_metric": None, "best_epoch": None,
-                     "initial_metric": None, "stale": 0, "history": [], "seconds": 0.0}
+                     "initial_metric": None, "initial_margin": None, "stale": 0, "history": [], "seconds": 0.0}
         saved = trainer.load_checkpoint(output_dir, log)
         self.resumed = saved is not None
         if self.resumed:
@@ -235,15 +252,24 @@ class _FineTuning:
             log(f"fine-tuning resumed at step {self.meta['step']}/{trainer.total} (epoch {self.meta['epoch'] + 1}) "
                 f"from {output_dir}")
 
-    def start(self, score, primary):
+    def start(self, score, margin, primary):
         """Make the model as it is now, before any step, candidate epoch 0 with dev ``score``: its
-        weights become ``best.pt``, kept unless an epoch scores strictly higher."""
-        self.meta.update(best_metric=score, best_epoch=0, initial_metric=score)
+        weights become ``best.pt``, kept unless an epoch scores above ``score - margin``."""
+        self.meta.update(best_metric=score, best_epoch=0, initial_metric=score, initial_margin=margin)
         accelerator = self.trainer.accelerator
         if accelerator.is_main_process:
             atomic_torch_save(accelerator.unwrap_model(self.model).state_dict(), self.output_dir / BEST_FILE)
         accelerator.wait_for_everyone()
-        self.log(f"epoch 0 (the model before fine-tuning): dev {primary} {score:.4f}")
+        self.log(f"epoch 0 (the model before fine-tuning): dev {primary} {score:.4f}"
+                 + (f"; an epoch above {score - margin:.4f} is kept over it (stage2.stage1_margin)" if margin else ""))
+
+    def to_beat(self):
+        """The dev score an epoch must exceed to become the best: the best so far, less the
+        margin while the best is the initial model (None: no best yet)."""
+        meta = self.meta
+        if meta["best_metric"] is None:
+            return None
+        return meta["best_metric"] - ((meta.get("initial_margin") or 0.0) if meta["best_epoch"] == 0 else 0.0)
 
     def continues(self):
         """Steps and epochs are left and early stopping (``patience``) has not struck."""
@@ -292,7 +318,8 @@ class _FineTuning:
         meta.update(epoch_step=0, running=0.0)
         trainer.log(entry)
         score = metrics[primary]
-        if meta["best_metric"] is None or score > meta["best_metric"]:
+        bar = self.to_beat()
+        if bar is None or score > bar:
             meta.update(best_metric=score, best_epoch=meta["epoch"], stale=0)
             on_main_process(atomic_torch_save, accelerator.unwrap_model(self.model).state_dict(),
                             self.output_dir / BEST_FILE)

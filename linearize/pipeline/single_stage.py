@@ -208,6 +208,7 @@ def finetune_model(model, task, out, *, config=None, head=None, data=None, overw
 
     config = (config or FinetuneConfig()).check()
     model = stage_model(model)
+    config.check_stage1_margin(is_stage1_output(model), "--stage1-margin")
     run_config = single_stage_config(model, task, data)
     if teacher is None and config.kd_weight:  # before the model and the data load
         raise LinearizeError(f"kd_weight {config.kd_weight:g} distils toward a softmax teacher's outputs, and none is "

@@ -262,13 +262,20 @@ def selection_note(report):
         return None
     scores = "; ".join(f"{'the stage-1 model' if epoch == 0 else f'epoch {epoch}'} {_fmt_score(score)}"
                        for epoch, score in chosen.candidates)
-    competed = any(epoch == 0 for epoch, _ in chosen.candidates)
+    by_epoch, margin = dict(chosen.candidates), chosen.margin or 0.0
+    initial, selected = by_epoch.get(0), by_epoch.get(chosen.selected_epoch)
     if chosen.stage1_kept:
         kept = "Stage 2 kept the stage-1 model (epoch 0): none of its own epochs beat it"
+        kept += f", and it led each by at least the margin, {_fmt_score(margin)}" * bool(margin)
+    elif initial is not None and selected is not None and selected <= initial:
+        kept = (f"Stage 2 kept its epoch {chosen.selected_epoch}: the stage-1 model led it by "
+                f"{_fmt_score(initial - selected)}, under the margin of {_fmt_score(margin)}")
     else:
-        kept = f"Stage 2 kept its epoch {chosen.selected_epoch}" + (", which beat the stage-1 model" * competed)
+        kept = f"Stage 2 kept its epoch {chosen.selected_epoch}" + (", which beat the stage-1 model" * (initial is not None))
     split, metric = report.task.selection_split or "selection", chosen.metric or report.primary_metric
-    return f"{kept} on the {split} split ({metric}: {scores}; a tie keeps the earlier model)."
+    rule = (f"the stage-1 model is kept only when ahead by at least the margin, stage2.stage1_margin standard errors "
+            f"of its dev {metric}") if margin else "a tie keeps the earlier model"
+    return f"{kept} on the {split} split ({metric}: {scores}; {rule})."
 
 
 def _noise_note(report):

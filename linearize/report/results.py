@@ -201,7 +201,8 @@ class StageResult:
         candidates = ([(0, initial)] if initial is not None else []) + epochs
         selected = self.best_epoch
         return Selection(metric=metric, candidates=tuple(candidates),
-                         selected_epoch=int(selected) if finite(selected) is not None else None)
+                         selected_epoch=int(selected) if finite(selected) is not None else None,
+                         margin=finite(self.extra.get("stage1_margin")) if initial is not None else None)
 
 
 # ---------------------------------------------------------------- the report's sections
@@ -449,11 +450,14 @@ class Selection:
     """How stage 2's model was chosen on the selection split, by the dev ``metric``: the
     ``candidates`` ``((epoch, score), ...)`` — epoch 0 is the stage-1 model, before any stage-2
     step, when it competed — and the ``selected_epoch``, the saved student (the first best: a tie
-    keeps the earlier candidate). Reports written before the stage-1 model competed have none."""
+    keeps the earlier candidate; the stage-1 model was kept only when ahead of every epoch by at
+    least ``margin``, ``stage2.stage1_margin`` standard errors of its dev score, None or 0: none).
+    Reports written before the stage-1 model competed have none."""
 
     metric: str | None = None
     candidates: tuple = ()
     selected_epoch: int | None = None
+    margin: float | None = None
 
     @property
     def stage1_kept(self):
@@ -468,11 +472,12 @@ class Selection:
                            if isinstance(row, dict) and finite(row.get("epoch")) is not None)
         selected = finite(data.get("selected_epoch"))
         return cls(metric=data.get("metric") if isinstance(data.get("metric"), str) else None,
-                   candidates=candidates, selected_epoch=int(selected) if selected is not None else None)
+                   candidates=candidates, selected_epoch=int(selected) if selected is not None else None,
+                   margin=finite(data.get("margin")))
 
     def to_json(self):
         return {"metric": self.metric, "candidates": [{"epoch": e, "score": v} for e, v in self.candidates],
-                "selected_epoch": self.selected_epoch}
+                "selected_epoch": self.selected_epoch, **({"margin": self.margin} if self.margin is not None else {})}
 
 
 @dataclass(frozen=True)
