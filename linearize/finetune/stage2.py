@@ -235,8 +235,9 @@ class _FineTuning:
     as its ``extra`` values: ``epoch_step`` and ``running``, the optimizer steps and their loss
     sum in the current epoch; ``stale``, epochs since the dev metric last improved;
     ``best_metric`` and ``best_epoch``; ``initial_metric``, the dev score of the model before any
-    step when it competes, epoch 0, and ``initial_margin``, the lead it needs over an epoch). Built from the checkpoint in ``output_dir`` when there is
-    one (``resumed``; ``resume=False``: it is deleted first, with the best weights)."""
+    step when it competes, epoch 0, and ``initial_margin``, the lead it needs over an epoch).
+    Built from the checkpoint in ``output_dir`` when there is one (``resumed``; ``resume=False``:
+    it is deleted first, with the best weights)."""
 
     def __init__(self, model, trainer, task_loss, output_dir, log, resume=True):
         self.model, self.trainer, self.task_loss, self.output_dir, self.log = model, trainer, task_loss, output_dir, log
