@@ -271,7 +271,8 @@ def selection_note(report):
         kept = (f"Stage 2 kept its epoch {chosen.selected_epoch}: the stage-1 model led it by "
                 f"{_fmt_score(initial - selected)}, under the margin of {_fmt_score(margin)}")
     else:
-        kept = f"Stage 2 kept its epoch {chosen.selected_epoch}" + (", which beat the stage-1 model" * (initial is not None))
+        beat = ", which beat the stage-1 model" if initial is not None else ""
+        kept = f"Stage 2 kept its epoch {chosen.selected_epoch}{beat}"
     split, metric = report.task.selection_split or "selection", chosen.metric or report.primary_metric
     rule = (f"the stage-1 model is kept only when ahead by at least the margin, stage2.stage1_margin standard errors "
             f"of its dev {metric}") if margin else "a tie keeps the earlier model"
