@@ -216,9 +216,11 @@ class FinetuneConfig(TrainingConfig):
     def check_stage1_margin(self, competes, name="stage2.stage1_margin"):
         """``OptionError`` (one line) for a ``stage1_margin`` (``name``: as the user set it) other
         than the default where no stage-1 model competes in the selection (``competes`` False)."""
-        if not competes and self.stage1_margin != FinetuneConfig.stage1_margin:
-            raise OptionError(f"{name} weighs a stage-1 model against stage 2's epochs, and none competes here (stage "
-                              "1 is off, or the model is not a linearize distill output): leave it out")
+        default = FinetuneConfig.stage1_margin
+        if not competes and self.stage1_margin != default:
+            raise OptionError(f"{name} {self.stage1_margin:g} weighs a stage-1 model against stage 2's epochs, and none "
+                              "competes here (stage 1 is off, or the model is not a linearize distill output): leave "
+                              f"it out, or set it to {default:g} where a recipe sets it")
         return self
 
     def check_task_loss(self, is_embedding, where="stage2."):

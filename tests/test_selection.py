@@ -173,8 +173,13 @@ def test_the_margin_is_a_standard_error_of_the_metric():
 def test_a_margin_that_cannot_take_effect_is_an_error():
     from linearize.recipes import load_recipe
 
-    with pytest.raises(OptionError, match="stage2.stage1_margin weighs a stage-1 model"):
+    with pytest.raises(OptionError, match="stage2.stage1_margin 2 weighs a stage-1 model"):
         load_recipe("minilm-moviereviews", overrides={"stage1": {"enabled": False}, "stage2": {"stage1_margin": 2.0}})
+    # the embeddings recipe sets 0 itself: the line says how to run it without stage 1
+    with pytest.raises(OptionError, match="stage2.stage1_margin 0 weighs .* set it to 1 where a recipe sets it"):
+        load_recipe("minilm-embeddings", overrides={"stage1": {"enabled": False}})
+    assert not load_recipe("minilm-embeddings", overrides={"stage1": {"enabled": False},
+                                                           "stage2": {"stage1_margin": 1.0}}).stage1.enabled
     with pytest.raises(OptionError, match="stage1_margin must be >= 0"):
         load_recipe("minilm-moviereviews", overrides={"stage2": {"stage1_margin": -1.0}})
     assert load_recipe("minilm-moviereviews", overrides={"stage2": {"stage1_margin": 2.0}}).stage2.stage1_margin == 2
@@ -201,7 +206,7 @@ def test_linearize_finetune_of_a_stage1_output_can_keep_it(workspace, tmp_path, 
     result = finetune_model(str(tmp_path / "s1"), "files", tmp_path / "s2", config=config, data=data, **QUIET)
     assert (result.best_epoch, result.initial_metric) == (0, 0.9)
     _assert_equal_states(_weights(tmp_path / "s2"), _weights(tmp_path / "s1"))
-    with pytest.raises(OptionError, match="--stage1-margin weighs a stage-1 model against stage 2's epochs"):
+    with pytest.raises(OptionError, match="--stage1-margin 0 weighs a stage-1 model against stage 2's epochs"):
         finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", config=config, data=data, **QUIET)
     result = finetune_model(str(workspace / "tiny"), "files", tmp_path / "teacher", data=data, **QUIET,
                             config=FinetuneConfig(lr=1e-3, batch_size=8, epochs=1))
