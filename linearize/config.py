@@ -308,8 +308,8 @@ class MeasureConfig(Config):
     clock: str = setting("wall", "wall, or cpu: the process's CPU time (with --threads 1 it does not count time "
                                  "other processes take).")
     warmup: int = setting(2, "Untimed warm-up repetitions.")
-    memory: bool = setting(True, "Also measure peak extra memory (in linearize's process: bench long and bench folder "
-                                 "skip it with --processes).")
+    memory: bool = setting(True, "Also measure peak extra memory of one untimed forward per model and length (with "
+                                 "--processes: in the first fresh process).")
     processes: int = setting(
         0, "Whole models (bench long, bench folder): time each model's saved folder in this many fresh processes that load it "
            "with plain transformers onto --device in --dtype, linearize not imported, glibc's default allocator (the "

@@ -60,6 +60,8 @@ def ws(tmp_path_factory, minilm_path):
     write_csv(root / "spam.csv", spam_rows())
     write_csv(root / "blank.csv", [("good", "1"), ("bad", "0"), ("meh", ""), ("fine", "1")])
     write_csv(root / "spaces.csv", [("good", "1"), ("bad", "0"), ("meh", "  ")])
+    write_csv(root / "nan.csv", [("good", "pos"), ("bad", "neg"), ("meh", "NaN"), ("fine", "pos")])
+    (root / "nan.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": NaN}\n', encoding="utf-8")
     write_csv(root / "floats.csv", [("a", "0.5"), ("b", "1.25"), ("c", "0.5"), ("d", "2"), ("e", "3")])
     write_csv(root / "ints.csv", [(f"text {i}", str(i % 2)) for i in range(16)])
     write_csv(root / "scores.csv", [(f"text {i}", str(i / 4)) for i in range(16)])
@@ -133,6 +135,12 @@ REFUSED = [
      "{ws}/short.csv: record 2 has a blank label"),
     ("a JSON record without a label", FINETUNE + " --task files --train-file {ws}/missing-label.jsonl",
      "missing-label.jsonl: record 3 has a blank label in column 'label'"),
+    # a NaN label (what pandas writes for a missing value) is a missing value, not a class named 'nan'
+    ("a NaN label cell", FINETUNE + " --task files --train-file {ws}/nan.csv",
+     "{ws}/nan.csv: record 3 has the label 'NaN' in column 'label': a missing value (NaN), not a class; fill it in "
+     "or remove the record"),
+    ("a JSON NaN label", FINETUNE + " --task files --train-file {ws}/nan.jsonl",
+     "nan.jsonl: record 2 has the label nan in column 'label': a missing value (NaN)"),
     # -- item 4: fractional labels
     ("fractional labels", FINETUNE + " --task files --train-file {ws}/floats.csv",
      "{ws}/floats.csv: the labels in column 'label' look like numbers (0.5, 1.25), not classes, so each of the 4 "

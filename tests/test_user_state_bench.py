@@ -69,13 +69,43 @@ def test_bench_folder_times_the_saved_folder_in_a_users_processes(tmp_path):
     assert result.exit_code == 0, result.output
     record = json.loads((folder / FOLDER_BENCH_JSON).read_text())
     assert record["config"]["processes"] == 2 and "fresh processes" in record["config"]["state"]
-    assert record["config"]["memory"] is False
+    assert record["config"]["memory"] is True  # measured in the first of the fresh processes
     row = record["rows"][0]
     assert row["processes"] == 2 and len(row["results"]["hedgehog"]["speedup"]["per_process"]) == 2
+    assert all(result["peak_extra_bytes"] > 0 for r in record["rows"] for result in r["results"].values())
     info = " ".join(runner.invoke(app, ["info", str(folder)]).output.split())
     assert "medians of 2 fresh" in info and "(a user's state)" in info
     result = runner.invoke(app, ["bench", "folder", str(folder), "--processes", "2", "--clock", "cpu"])
     assert result.exit_code == 1 and "by the wall clock" in result.output
+
+
+def test_the_users_processes_measure_the_memory_linearizes_process_measures(folders):
+    """``memory``: the first fresh process profiles one forward per model and length with the same code as
+    linearize's own bench (linearize/bench/peak_memory.py loaded by its path), so the figures agree with
+    the in-process ones for the same folders; without it nothing is profiled."""
+    from linearize.attention.core import release_scratch
+    from linearize.bench import measure_lengths, measuring
+
+    lengths = [8, 16, 300]  # at 300 SDPA's CPU kernel allocates per thread: both sides run one
+    rows = user_state_rows(folders, "softmax", lengths, processes=2, threads=1, repeats=1, warmup=1, memory=True)
+    models = {"softmax": transformers_model(folders["softmax"]), "hedgehog": linearize.load(folders["hedgehog"])}
+    release_scratch()  # the reused buffers start empty, as in a fresh process (a warm-up call fills them)
+    with measuring(1):
+        ours = measure_lengths({k: m.eval() for k, m in models.items()}, "softmax", lengths, batch_size=1,
+                               repeats=1, warmup=1, memory=True, seed=0)
+    for theirs, mine in zip(rows, ours):
+        for label in ("softmax", "hedgehog"):
+            assert theirs["results"][label]["peak_extra_bytes"] > 0
+            assert theirs["results"][label]["peak_extra_bytes"] == mine["results"][label]["peak_extra_bytes"], \
+                (theirs["seq_len"], label)
+    plain = user_state_rows(folders, "softmax", [8], processes=1, threads=1, repeats=1, warmup=0)
+    assert all("peak_extra_bytes" not in result for result in plain[0]["results"].values())
+
+
+def transformers_model(folder):
+    import transformers
+
+    return transformers.AutoModel.from_pretrained(folder)
 
 
 def test_the_users_processes_load_the_folders_in_the_asked_dtype(folders):

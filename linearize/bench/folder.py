@@ -105,7 +105,7 @@ def bench_folder(directory, seq_lens=DEFAULT_FOLDER_SEQ_LENS, *, measure: Measur
                   timespec="seconds"), "machine": machine,
               "config": {"seq_lens": wanted, "batch_size": measure.batch_size, **placement.record(),
                          "repeats": measure.repeats, "warmup": measure.warmup,
-                         "memory": measure.memory and not processes, "seed": seed,
+                         "memory": measure.memory, "seed": seed,
                          "crossover_rule": CROSSOVER_RULE, "processes": processes, "compile_mode": compile_mode,
                          "state": user_state_note(measure, placement)},
               "rows": rows, "skipped_lengths": skipped,

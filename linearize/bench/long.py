@@ -151,7 +151,7 @@ def user_state_measure(models, reference, seq_lens, *, capped, measure, seed, so
                                repeats=measure.repeats, warmup=measure.warmup, batch_size=measure.batch_size,
                                seed=seed, skip=skip, log=log, device=placement.device,
                                dtype=str(placement.torch_dtype).removeprefix("torch."),
-                               compile_mode=measure.compile_mode)
+                               compile_mode=measure.compile_mode, memory=measure.memory)
 
 
 def bench_geometry(name, base, specs, seq_lens, *, measure=LONG_MEASURE, softmax_max_bytes=None, seed=0, log=None,
@@ -318,7 +318,8 @@ def user_state_note(measure, placement=CPU):
         compiled = f", compiled with torch.compile(mode={compile_mode!r})" if compile_mode else ""
         return (f"user's process: each model's saved folder loaded with plain transformers (trust_remote_code, "
                 f"linearize not imported){where}{compiled} in {processes} fresh processes, glibc's default allocator, "
-                "torch.inference_mode; figures are medians over the processes, with the lowest and highest")
+                "torch.inference_mode; figures are medians over the processes, with the lowest and highest"
+                + ("; peak memory from one untimed forward in the first process" if measure.memory else ""))
     return ("linearize's process: the models in memory in the `linearize bench` process, with the allocator "
             "settings the linearize command applies (linearize.allocator)")
 

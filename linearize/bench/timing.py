@@ -14,26 +14,23 @@ memory is measured.
   included, inputs and weights excluded: ``torch.profiler`` with ``profile_memory=True`` records
   every allocation and free; the peak of their running sum is reported. Memory that bypasses
   ATen's allocator (oneDNN/BLAS scratch, thread stacks) and allocator fragmentation are not
-  counted. A separate, untimed call is profiled, so profiling overhead never enters latency.
+  counted. A separate, untimed call is profiled, so profiling overhead never enters latency. The
+  code is :mod:`linearize.bench.peak_memory`'s, which the user's-state processes run too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..errors import LinearizeError
 from ..machine import busy_warning, cpu_snapshot, machine_info, other_processes_cores, rounded_load_average
 from ..threads import set_threads
+from .peak_memory import cuda_peak_extra_bytes, peak_extra_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: what a latency is measured with: wall clock, or the process's CPU time (with one thread, the time
@@ -105,15 +102,8 @@ class Placement:
 
     def peak_extra_bytes(self, fn):
         """CUDA: the peak bytes allocated on the device while ``fn()`` runs, above what was allocated
-        before (its output included)."""
-        self.synchronize()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        out = fn()
-        self.synchronize()
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        del out
-        return int(peak)
+        before (its output included; :func:`linearize.bench.peak_memory.cuda_peak_extra_bytes`)."""
+        return cuda_peak_extra_bytes(fn, self.device)
 
     def memory_bytes(self):
         """The device's memory: the GPU's total, or None on CPU (the caller reads the machine's)."""
@@ -184,64 +174,11 @@ def _timed(fn, placement=CPU):
     return elapsed
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence the profiler backend's C++ log lines (written straight to file descriptor 2)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _memory_events(prof):
-    """``[(time_ns, bytes)]`` of the CPU allocations (+) and frees (-) a profile recorded."""
-    try:
-        events = prof.profiler.kineto_results.events()
-        found = [(e.start_ns(), e.nbytes()) for e in events
-                 if e.name() == "[memory]" and "CPU" in str(e.device_type())]
-        if found or not events:
-            return found
-    except (AttributeError, RuntimeError):
-        pass
-    with tempfile.TemporaryDirectory() as tmp:  # fall back on the exported trace
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        trace = json.loads(Path(path).read_text())
-    return [(e.get("ts", 0), e["args"]["Bytes"]) for e in trace.get("traceEvents", [])
-            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-
-
 def peak_extra_memory(fn, placement=CPU):
-    """Peak bytes allocated by PyTorch's CPU allocator while ``fn()`` runs (its output included).
-
-    Allocations live before the call (inputs, weights) are not counted; every allocation and
-    free during the call is, via ``torch.profiler`` memory profiling, and the peak of the running
-    sum is returned. On CUDA: the device allocator's peak above the bytes allocated before
-    (:meth:`Placement.peak_extra_bytes`).
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    if placement.is_cuda:
-        return placement.peak_extra_bytes(fn)
-
-    with _quiet_stderr():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = fn()
-            del out
-    running = peak = 0
-    for _, nbytes in sorted(_memory_events(prof), key=lambda item: item[0]):
-        running += nbytes
-        peak = max(peak, running)
-    return int(peak)
+    """Peak bytes allocated while ``fn()`` runs, output included, allocations live before the call
+    (inputs, weights) not counted (:mod:`linearize.bench.peak_memory`: PyTorch's CPU allocator through
+    ``torch.profiler``'s memory events; on CUDA the device allocator's peak above the bytes allocated before)."""
+    return peak_extra_bytes(fn, torch.device(placement.device))
 
 
 # ---- candidates side by side -------------------------------------------------------------------------

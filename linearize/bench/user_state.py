@@ -14,7 +14,10 @@ in-process sits at the top of what a user gets. Here each process is what a user
   transformers pipeline runs a model);
 - in each process the models are timed interleaved, the order alternating every round, and the
   first model alternates between processes; a process's figure is its median over ``repeats``
-  rounds after ``warmup`` untimed ones, with the median minor page faults per forward.
+  rounds after ``warmup`` untimed ones, with the median minor page faults per forward;
+- with ``memory``, the first process also profiles one untimed forward per model and length, after
+  that length's timings, for its peak extra memory (the code of :mod:`linearize.bench.peak_memory`,
+  loaded by its path, not as part of linearize).
 
 Over ``processes`` processes a length's row gives each model's median of the processes' medians,
 and for every model its time ratio to the reference (reference ÷ model) per process: the median,
@@ -28,16 +31,21 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from ..errors import LinearizeError
 
 #: what one child process runs: argv[1] is a JSON spec, the last stdout line its JSON rows
 CHILD = r"""
-import json, resource, statistics, sys, time
+import importlib.util, json, resource, statistics, sys, time
 sys.modules["linearize"] = None  # the user's process: linearize is not installed there
 import torch, transformers
 
 spec = json.loads(sys.argv[1])
+if spec["memory_code"]:  # linearize/bench/peak_memory.py (torch alone), loaded by its path: not the package
+    found = importlib.util.spec_from_file_location("peak_memory", spec["memory_code"])
+    peak_memory = importlib.util.module_from_spec(found)
+    found.loader.exec_module(peak_memory)
 torch.set_num_threads(spec["threads"])
 device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
 models = {label: transformers.AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype).to(device).eval()
@@ -76,12 +84,19 @@ with torch.inference_mode():
                 faults[label].append(count)
         rows.append({"seq_len": n, "median_ms": {k: 1000 * statistics.median(v) for k, v in seconds.items()},
                      "faults": {k: statistics.median(v) for k, v in faults.items()}})
+        if spec["memory_code"]:  # one untimed forward each, after the timings (as linearize's own bench does)
+            rows[-1]["peak_extra_bytes"] = {label: peak_memory.peak_extra_bytes(
+                lambda: models[label](**inputs), device) for label in labels}
 import os
 state = {"linearize_loaded": sys.modules.get("linearize") is not None, "threads": torch.get_num_threads(),
          "device": str(device), "dtype": spec["dtype"], "compile_mode": spec["compile_mode"],
          "malloc_settings": sorted(k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")}
 print(json.dumps({"rows": rows, "state": state}))
 """
+
+
+#: the peak-memory code the child loads by its path (torch alone: the child cannot import linearize)
+MEMORY_CODE = str(Path(__file__).with_name("peak_memory.py"))
 
 
 def user_environment():
@@ -102,7 +117,7 @@ def run_child(spec, timeout=None):
 
 
 def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, repeats=3, warmup=1, batch_size=1,
-                    seed=0, skip=None, log=None, device="cpu", dtype="float32", compile_mode=None):
+                    seed=0, skip=None, log=None, device="cpu", dtype="float32", compile_mode=None, memory=False):
     """Rows as :func:`linearize.bench.measure_lengths` gives them (``results[label]`` with
     ``median_ms`` and ``time_vs_softmax`` against ``reference``), measured in ``processes`` fresh
     processes (module docstring); each result also has ``faults_per_forward`` and, for the
@@ -111,7 +126,10 @@ def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, rep
     past its memory cap); ``device`` and ``dtype`` (a torch dtype's name): where and how each process
     loads the folders (``from_pretrained(..., dtype=dtype).to(device)``; on CUDA each forward is
     timed between two ``torch.cuda.synchronize`` calls); ``compile_mode``: each process compiles every
-    model with ``torch.compile(model, mode=compile_mode)`` before its warm-up (None: eager)."""
+    model with ``torch.compile(model, mode=compile_mode)`` before its warm-up (None: eager); ``memory``: the first
+    process also gives each model's peak extra memory of one untimed forward after a length's timings
+    (``peak_extra_bytes``, :mod:`linearize.bench.peak_memory`: the bytes PyTorch allocates, which do not depend
+    on the process or its allocator, so one process measures them)."""
     if processes < 1:
         raise LinearizeError(f"processes must be >= 1, got {processes}")
     labels = list(folders)
@@ -121,7 +139,8 @@ def user_state_rows(folders, reference, seq_lens, *, processes=5, threads=2, rep
             "compile_mode": compile_mode, "skip": {k: [int(n) for n in v] for k, v in (skip or {}).items()}}
     runs = []
     for index in range(processes):
-        child = run_child({**spec, "order": labels if index % 2 == 0 else labels[::-1]})
+        child = run_child({**spec, "order": labels if index % 2 == 0 else labels[::-1],
+                           "memory_code": MEMORY_CODE if memory and index == 0 else None})
         if child["state"]["linearize_loaded"] or child["state"]["malloc_settings"]:
             raise RuntimeError(f"a measuring process was not in the user's state: {child['state']}")
         runs.append(child["rows"])
@@ -142,6 +161,9 @@ def _row(n, per_process, labels, reference):
         faults = [entry["faults"][label] for entry in per_process if label in entry["faults"]]
         results[label] = {"median_ms": statistics.median(times), "per_process_ms": times,
                           "faults_per_forward": statistics.median(faults)}
+        peaks = [entry["peak_extra_bytes"][label] for entry in per_process if label in entry.get("peak_extra_bytes", {})]
+        if peaks:
+            results[label]["peak_extra_bytes"] = peaks[0]
     if reference in results:
         for label, entry in results.items():
             ratios = [run["median_ms"][reference] / run["median_ms"][label] for run in per_process

@@ -183,11 +183,16 @@ def _build(tables, text_keys, label_column, is_regression):
 
 def check_no_blank_labels(path, labels, column):
     """Refuse a blank label cell (empty, spaces, or a record without the ``column`` key) among
-    ``labels`` of ``path``: it would become a class ``''`` and shift every class id after it."""
+    ``labels`` of ``path``: it would become a class ``''`` and shift every class id after it. A NaN
+    (a float, or the text ``nan`` that pandas and NumPy write for one) is a missing value too, never a class."""
     for row, value in enumerate(labels or (), 1):
         if value is None or (isinstance(value, str) and not value.strip()):
             raise LinearizeError(f"{path}: record {row} has a blank label in column {column!r}; fill it in or remove "
                                  "the record")
+        if (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and
+                                                                value.strip().lower() == "nan"):
+            raise LinearizeError(f"{path}: record {row} has the label {value!r} in column {column!r}: a missing "
+                                 "value (NaN), not a class; fill it in or remove the record")
 
 
 def numeric_label(value, path, row):
