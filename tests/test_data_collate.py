@@ -37,6 +37,30 @@ def test_single_sentences_truncate_and_keep_labels(tokenizer):
     assert out["label"] == [1, 0]
 
 
+def test_the_fingerprint_names_everything_the_tokens_depend_on(tokenizer, pairs, tmp_path):
+    """``tokenize_dataset`` names its map's fingerprint itself (``datasets`` would pickle the tokenizer to hash
+    it): the tokens are what ``datasets``' own path gives, and a split cached on disk is tokenised again, not
+    reused, when the length, the columns, the tokenizer's settings or the data change."""
+    from linearize.data.collate import map_fingerprint
+
+    plain = pairs.map(lambda b: tokenizer(b["premise"], b["hypothesis"], truncation=True, max_length=32), batched=True,
+                      remove_columns=["premise", "hypothesis", "idx"])
+    ours = tokenize_dataset(pairs, tokenizer, ("premise", "hypothesis"), max_length=32)
+    assert type(ours) is datasets.DatasetDict and {k: v.to_dict() for k, v in ours.items()} == \
+        {k: v.to_dict() for k, v in plain.items()}
+    csv = tmp_path / "train.csv"
+    csv.write_text("text,label\na warm and funny film,1\na dull mess,0\n")
+    split = datasets.load_dataset("csv", data_files=str(csv), split="train", cache_dir=str(tmp_path / "cache"))
+    base = map_fingerprint(split, tokenizer, ("text",), 16)
+    assert base == map_fingerprint(split, tokenizer, ("text",), 16)  # the cache is reused when nothing changed
+    lower = type(tokenizer).from_pretrained(tokenizer.name_or_path, do_lower_case=False)
+    other_data = split.select([0])
+    assert len({base, map_fingerprint(split, tokenizer, ("text",), 8), map_fingerprint(split, tokenizer, ("label",), 16),
+                map_fingerprint(split, lower, ("text",), 16), map_fingerprint(other_data, tokenizer, ("text",), 16)}) == 5
+    assert len(tokenize_dataset(split, tokenizer, ("text",), 16)[0]["input_ids"]) == 7
+    assert len(tokenize_dataset(split, tokenizer, ("text",), 4)[0]["input_ids"]) == 4  # not the 16-token cache file
+
+
 def test_pairs_use_segment_ids(tokenizer, pairs):
     out = tokenize_dataset(pairs, tokenizer, ("premise", "hypothesis"), max_length=32)
     row = out["train"][2]
