@@ -21,6 +21,7 @@ Nothing in it imports linearize.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -81,9 +82,10 @@ def _module_source(module):
     return _strip_package_imports(inspect.getsource(module))
 
 
+@functools.cache
 def bundled_sources():
     """The attention core, hybrid attention, the feature maps, windowed attention and the transformers patch as one
-    source text."""
+    source text (built once per process: every save of a converted model writes it)."""
     maps = [getattr(feature_maps, name) for name in feature_maps.MAP_MODULES]
     modules = [errors, field_types, record, core, hybrid_chunked, hybrid, *maps, windowed, hf_attention]
     parts = []
