@@ -623,11 +623,17 @@ TEACHER_KEYS = ("model", "head", "task", "data", "position_init", "teacher", "se
 STAGE1_KEYS = TEACHER_KEYS + ("method", "options", "layers", "hybrid", "stage1", "eval")
 
 
+#: settings that change how a run is kept, not what it computes: a run resumes (or shares a stage) across them
+RESUME_NEUTRAL = frozenset({"checkpoint_every"})
+
+
 def config_difference(saved, current, names=None, path=""):
     """The first setting in which two configurations differ, as ``"key: saved -> current"``, or
-    None; only the fields ``names`` when given. Feature-map options are compared with the
-    method's defaults filled in (``{}`` and ``{"shared_projections": True}`` are the same LUNA)."""
+    None; only the fields ``names`` when given; never :data:`RESUME_NEUTRAL` ones. Feature-map options are
+    compared with the method's defaults filled in (``{}`` and ``{"shared_projections": True}`` are the same LUNA)."""
     for name in names or [f.name for f in dataclasses.fields(current) if f.name not in _unsaved(current)]:
+        if name in RESUME_NEUTRAL:
+            continue
         old, new = getattr(saved, name), getattr(current, name)
         if isinstance(old, Config) and isinstance(new, Config):
             found = config_difference(old, new, path=f"{path}{name}.")

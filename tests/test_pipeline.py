@@ -130,6 +130,9 @@ def test_a_run_resumed_inside_stage_1_counts_its_earlier_training_in_the_total(w
     record_path = out / "work" / "stage1" / checkpoint.CHECKPOINT_FILE
     record = json.loads(record_path.read_text())
     record_path.write_text(json.dumps({**record, "seconds": 1000.0}))
+    # resumed with checkpoints at another cadence (how the run is kept, not what it computes): not another recipe
+    recipe = load_recipe(str(workspace / "tiny.yaml"), overrides={"stage1": {"checkpoint_every": 3},
+                                                                  "eval": {"latency_lengths": []}})
     timing = run(recipe, out, progress=False, log=lambda *a, **k: None).to_json()["timing"]
     assert timing["stage1_seconds"] > 1000
     assert timing["total_seconds"] >= timing["teacher_seconds"] + timing["stage1_seconds"] + timing["stage2_seconds"]
