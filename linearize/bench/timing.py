@@ -30,7 +30,7 @@ import torch
 from ..errors import LinearizeError
 from ..machine import busy_warning, cpu_snapshot, machine_info, other_processes_cores, rounded_load_average
 from ..threads import set_threads
-from .peak_memory import cuda_peak_extra_bytes, peak_extra_bytes
+from .peak_memory import peak_extra_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: what a latency is measured with: wall clock, or the process's CPU time (with one thread, the time
@@ -99,11 +99,6 @@ class Placement:
     def batch(self, batch):
         """Model inputs on this device (token ids and masks keep their integer dtype)."""
         return {key: value.to(self.device) for key, value in batch.items()}
-
-    def peak_extra_bytes(self, fn):
-        """CUDA: the peak bytes allocated on the device while ``fn()`` runs, above what was allocated
-        before (its output included; :func:`linearize.bench.peak_memory.cuda_peak_extra_bytes`)."""
-        return cuda_peak_extra_bytes(fn, self.device)
 
     def memory_bytes(self):
         """The device's memory: the GPU's total, or None on CPU (the caller reads the machine's)."""
