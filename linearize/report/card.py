@@ -282,46 +282,68 @@ def _fmt(value, digits=4):
 
 
 def _recovery_section(report, figures):
+    """The card's "Recovery" section: the scores table, the facts (attention fidelity, timings), the figures."""
+    lines = ["## Recovery", ""] + _scores_lines(report)
+    facts = _attention_facts(report.attention) + _timing_facts(report.latency)
+    if facts:
+        lines += facts + [""]
+    if figures:
+        lines += ["### Figures", ""]
+        for name in figures:
+            lines += [f"![{Path(name).stem.replace('_', ' ').replace('-', ' ')}]({name})", ""]
+    return lines + [f"The full report is in [`{REPORT_JSON}`]({REPORT_JSON}).", ""]
+
+
+def _scores_lines(report):
+    """What the scores mean, the teacher / stage-1 / student table with each metric's recovery, and the
+    model selection."""
     split, names = report.split, report.metric_names
     teacher, student = report.scores_of("teacher"), report.scores_of("student")
     stage1 = report.scores_of("student_stage1")
-    recovery = report.recovery()
-    lines = ["## Recovery", ""]
-    if names and (teacher or student):
-        if report.task.embedding:
-            lines += [f"Agreement with the softmax teacher's sentence embeddings on the held-out **{split}** "
-                      "sentences: mean cosine between the two embeddings of each sentence (the score; the teacher's "
-                      "own is 1), top-10 retrieval overlap (each sentence as a query against the others) and, with "
-                      "a labelled similarity set, Spearman correlation (sts_spearman) with its scores.", ""]
-        else:
-            lines += [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
-                      "task) against this linear-attention student. Recovery is the student's score as a "
-                      "percentage of the teacher's.", ""]
-        header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
-                 ["Linear student", "Recovery"]
-        rows = []
-        for metric in names:
-            rec = recovery.per_metric.get(metric)
-            cells = [metric, _fmt(teacher.get(metric))] + ([_fmt(stage1.get(metric))] if stage1 else [])
-            rows.append(cells + [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"])
-        lines.append(markdown_table(header, rows, align=["none"] + ["---:"] * (len(header) - 1)))
-        if recovery.average is not None:
-            what = f"Recovery ({report.primary_metric})" if report.task.embedding else "Average recovery"
-            lines += ["", f"{what}: **{recovery.average:.1f} %**."]
-        if selection_note(report):
-            lines += ["", f"Model selection: {selection_note(report)}"]
-        lines.append("")
+    if not (names and (teacher or student)):
+        return ["The report has no scores.", ""]
+    if report.task.embedding:
+        lines = [f"Agreement with the softmax teacher's sentence embeddings on the held-out **{split}** "
+                 "sentences: mean cosine between the two embeddings of each sentence (the score; the teacher's "
+                 "own is 1), top-10 retrieval overlap (each sentence as a query against the others) and, with "
+                 "a labelled similarity set, Spearman correlation (sts_spearman) with its scores.", ""]
     else:
-        lines += ["The report has no scores.", ""]
+        lines = [f"Scores on the **{split}** split: the softmax teacher (the source model fine-tuned on the "
+                 "task) against this linear-attention student. Recovery is the student's score as a "
+                 "percentage of the teacher's.", ""]
+    recovery = report.recovery()
+    header = ["Metric", "Softmax teacher"] + (["Student after distillation (stage 1)"] if stage1 else []) + \
+             ["Linear student", "Recovery"]
+    rows = []
+    for metric in names:
+        rec = recovery.per_metric.get(metric)
+        cells = [metric, _fmt(teacher.get(metric))] + ([_fmt(stage1.get(metric))] if stage1 else [])
+        rows.append(cells + [_fmt(student.get(metric)), "–" if rec is None else f"{rec:.1f} %"])
+    lines.append(markdown_table(header, rows, align=["none"] + ["---:"] * (len(header) - 1)))
+    if recovery.average is not None:
+        what = f"Recovery ({report.primary_metric})" if report.task.embedding else "Average recovery"
+        lines += ["", f"{what}: **{recovery.average:.1f} %**."]
+    if selection_note(report):
+        lines += ["", f"Model selection: {selection_note(report)}"]
+    return lines + [""]
+
+
+def _attention_facts(attention):
+    """The attention KL before and after distillation, and the layers kept softmax."""
+    if attention.mean_kl_before is None or attention.mean_kl_after is None:
+        return []
+    over = f" over the {len(attention.converted_rows)} layers still converted" if attention.softmax_kept else ""
+    kept = (f" Layer{'s' if len(attention.softmax_kept) > 1 else ''} "
+            f"{', '.join(map(str, attention.softmax_kept))} keep softmax attention (the highest KL after "
+            "distillation)." if attention.softmax_kept else "")
+    return [f"- Attention fidelity: mean KL divergence from the teacher's attention weights{over} "
+            f"{attention.mean_kl_before:.3f} before distillation, {attention.mean_kl_after:.3f} after.{kept}"]
+
+
+def _timing_facts(latency):
+    """The run's latency at the task's length, at the longer lengths and at the task's own lengths, where
+    they were measured, and a warning when the cores were busy."""
     facts = []
-    attention, latency = report.attention, report.latency
-    if attention.mean_kl_before is not None and attention.mean_kl_after is not None:
-        over = f" over the {len(attention.converted_rows)} layers still converted" if attention.softmax_kept else ""
-        kept = (f" Layer{'s' if len(attention.softmax_kept) > 1 else ''} "
-                f"{', '.join(map(str, attention.softmax_kept))} keep softmax attention (the highest KL after "
-                "distillation)." if attention.softmax_kept else "")
-        facts.append(f"- Attention fidelity: mean KL divergence from the teacher's attention weights{over} "
-                     f"{attention.mean_kl_before:.3f} before distillation, {attention.mean_kl_after:.3f} after.{kept}")
     if latency.teacher_ms is not None and latency.student_ms is not None:
         speed = f" ({latency.speedup:.2f}× speed-up)" if latency.speedup is not None else ""
         seq = f" at sequence length {latency.seq_len}" if latency.seq_len else ""
@@ -339,13 +361,7 @@ def _recovery_section(report, figures):
     busy = busy_warning(latency.busy_cores())  # recorded only beside a timing
     if busy:
         facts.append(f"- Warning on these timings: {busy}.")
-    if facts:
-        lines += facts + [""]
-    if figures:
-        lines += ["### Figures", ""]
-        for name in figures:
-            lines += [f"![{Path(name).stem.replace('_', ' ').replace('-', ' ')}]({name})", ""]
-    return lines + [f"The full report is in [`{REPORT_JSON}`]({REPORT_JSON}).", ""]
+    return facts
 
 
 def _about(repo_id, record, report):
